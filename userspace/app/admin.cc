@@ -1,0 +1,198 @@
+#include "app/admin.h"
+
+#include <nlohmann/json.hpp>
+
+#include "base/log.h"
+
+namespace sockmesh::app {
+namespace {
+
+using nlohmann::json;
+
+std::string iso8601(identity::TimePoint t) {
+  auto secs = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+json ips_json(const std::vector<IpAddress>& ips) {
+  json a = json::array();
+  for (const auto& ip : ips) a.push_back(ip.to_string());
+  return a;
+}
+
+json networks_json(const std::vector<IpNetwork>& nets) {
+  json a = json::array();
+  for (const auto& n : nets) a.push_back(n.to_string());
+  return a;
+}
+
+json match_json(const state::PolicyMatch& m) {
+  json j = json::object();
+  auto put = [&](const char* k, const auto& v) {
+    if (!v.empty()) j[k] = v;
+  };
+  put("namespaces", m.namespaces);
+  put("notNamespaces", m.not_namespaces);
+  put("principals", m.principals);
+  put("notPrincipals", m.not_principals);
+  put("serviceAccounts", m.service_accounts);
+  put("notServiceAccounts", m.not_service_accounts);
+  if (!m.source_ips.empty()) j["sourceIps"] = networks_json(m.source_ips);
+  if (!m.not_source_ips.empty()) j["notSourceIps"] = networks_json(m.not_source_ips);
+  if (!m.destination_ips.empty()) j["destinationIps"] = networks_json(m.destination_ips);
+  if (!m.not_destination_ips.empty()) j["notDestinationIps"] = networks_json(m.not_destination_ips);
+  put("destinationPorts", m.destination_ports);
+  put("notDestinationPorts", m.not_destination_ports);
+  return j;
+}
+
+}  // namespace
+
+std::string config_dump_json(const AdminSources& s) {
+  auto snap = s.store->get();
+  json out;
+  out["node"] = s.node_name;
+  out["configSource"] = s.config_source;
+  json workloads = json::array();
+  for (const auto& w : snap->workloads()) {
+    json services = json::object();
+    for (const auto& [svc, ports] : w.services) {
+      json p = json::object();
+      for (auto [from, to] : ports) p[std::to_string(from)] = to;
+      services[svc] = p;
+    }
+    workloads.push_back({{"uid", w.uid},
+                         {"name", w.name},
+                         {"namespace", w.namespace_name},
+                         {"serviceAccount", w.service_account},
+                         {"trustDomain", w.trust_domain},
+                         {"identity", w.identity()},
+                         {"node", w.node},
+                         {"local", w.node == s.node_name},
+                         {"workloadIps", ips_json(w.ips)},
+                         {"protocol", w.protocol == state::Protocol::kHbone ? "HBONE" : "TCP"},
+                         {"services", services}});
+  }
+  out["workloads"] = workloads;
+  json services = json::array();
+  for (const auto& svc : snap->services()) {
+    json vips = json::array();
+    for (const auto& v : svc.vips) vips.push_back(v.network + "/" + v.ip.to_string());
+    json ports = json::object();
+    for (auto [from, to] : svc.ports) ports[std::to_string(from)] = to;
+    services.push_back({{"name", svc.name},
+                        {"namespace", svc.namespace_name},
+                        {"hostname", svc.hostname},
+                        {"vips", vips},
+                        {"ports", ports},
+                        {"subjectAltNames", svc.subject_alt_names}});
+  }
+  out["services"] = services;
+  json policies = json::array();
+  for (const auto& p : snap->policies()) {
+    json rules = json::array();
+    for (const auto& rule : p.rules) {
+      json clauses = json::array();
+      for (const auto& clause : rule) {
+        json matches = json::array();
+        for (const auto& m : clause) matches.push_back(match_json(m));
+        clauses.push_back(matches);
+      }
+      rules.push_back(clauses);
+    }
+    const char* scope = p.scope == state::PolicyScope::kGlobal      ? "Global"
+                        : p.scope == state::PolicyScope::kNamespace ? "Namespace"
+                                                                    : "WorkloadSelector";
+    policies.push_back({{"name", p.name},
+                        {"namespace", p.namespace_name},
+                        {"scope", scope},
+                        {"action", p.action == state::PolicyAction::kAllow ? "Allow" : "Deny"},
+                        {"rules", rules}});
+  }
+  out["policies"] = policies;
+  if (s.certificates != nullptr) {
+    auto cs = s.certificates->snapshot();
+    json certs = json::array();
+    for (const auto& c : cs.certificates) {
+      json e = {{"identity", c.identity}, {"state", c.state}, {"serial", c.serial}};
+      if (!c.serial.empty()) {
+        e["notBefore"] = iso8601(c.not_before);
+        e["expiry"] = iso8601(c.not_after);
+        e["renewAt"] = iso8601(c.renew_at);
+      }
+      if (!c.last_error.empty()) e["lastError"] = c.last_error;
+      certs.push_back(e);
+    }
+    json roots = json::array();
+    for (const auto& r : cs.roots) {
+      roots.push_back({{"subject", r.subject},
+                       {"serial", r.serial},
+                       {"sha256", r.sha256},
+                       {"expiry", iso8601(r.not_after)}});
+    }
+    out["certificates"] = {{"issuer", cs.issuer}, {"workloads", certs}, {"roots", roots}};
+  }
+  if (s.proxy != nullptr) {
+    json listeners = json::array();
+    for (const auto& [role, at] : s.proxy->listening()) {
+      listeners.push_back({{"role", role}, {"address", at.to_string()}});
+    }
+    out["listeners"] = listeners;
+    out["activeConnections"] = s.proxy->active_connections();
+  }
+  return out.dump(2) + "\n";
+}
+
+void add_admin_routes(observe::HttpServer& server, const AdminSources& s) {
+  server.route("/config_dump", [s](const observe::HttpRequest&) {
+    return observe::HttpResponse{200, "application/json", config_dump_json(s)};
+  });
+  // GET shows the levels; POST ?level=debug sets all, ?tls=debug sets one scope.
+  server.route("/logging", [](const observe::HttpRequest& r) {
+    if (r.method == "POST" || r.method == "PUT") {
+      for (const auto& [k, v] : r.query) {
+        log::Level level;
+        if (!log::parse_level(v, &level)) {
+          return observe::HttpResponse{400, "text/plain; charset=utf-8",
+                                       "unknown level '" + v +
+                                           "'; use trace, debug, info, warn, error or off\n"};
+        }
+        if (k == "level") {
+          log::set_level(level);
+        } else {
+          log::set_level(k, level);
+        }
+        SM_INFO("admin") << "log level changed: " << k << "=" << v;
+      }
+    }
+    return observe::HttpResponse{200, "text/plain; charset=utf-8",
+                                 "current log levels: " + log::describe_levels() + "\n"};
+  });
+  server.route("/", [](const observe::HttpRequest&) {
+    return observe::HttpResponse{200, "text/plain; charset=utf-8",
+                                 "sockmesh admin: /config_dump /logging\n"};
+  });
+}
+
+void add_metrics_routes(observe::HttpServer& server, const AdminSources& s) {
+  auto handler = [s](const observe::HttpRequest&) {
+    return observe::HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8",
+                                 s.metrics->render()};
+  };
+  server.route("/metrics", handler);
+  server.route("/stats/prometheus", handler);
+}
+
+void add_readiness_routes(observe::HttpServer& server, const AdminSources& s) {
+  server.route("/healthz/ready", [s](const observe::HttpRequest&) {
+    bool ready = s.proxy != nullptr && s.proxy->ready();
+    return observe::HttpResponse{ready ? 200 : 503, "text/plain; charset=utf-8",
+                                 ready ? "ready\n" : "not ready\n"};
+  });
+}
+
+}  // namespace sockmesh::app

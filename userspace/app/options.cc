@@ -1,0 +1,166 @@
+#include "app/options.h"
+
+#include <charconv>
+#include <cstdlib>
+#include <functional>
+#include <map>
+
+namespace sockmesh::app {
+namespace {
+
+using Setter = std::function<std::optional<std::string>(const std::string&, Options*)>;
+
+std::optional<std::string> parse_endpoint(const std::string& v, std::optional<Endpoint>* out) {
+  if (v == "off" || v == "none" || v.empty()) {
+    out->reset();
+    return std::nullopt;
+  }
+  auto e = Endpoint::parse(v);
+  if (!e) {
+    // Port 0 is allowed here (pick a free port), which Endpoint::parse refuses.
+    auto colon = v.rfind(':');
+    if (colon != std::string::npos && v.substr(colon + 1) == "0") {
+      auto ip = IpAddress::parse(v.front() == '[' ? v.substr(1, colon - 2) : v.substr(0, colon));
+      if (ip) {
+        *out = Endpoint{*ip, 0};
+        return std::nullopt;
+      }
+    }
+    return "expected ip:port, got '" + v + "'";
+  }
+  *out = *e;
+  return std::nullopt;
+}
+
+std::optional<std::string> parse_int(const std::string& v, long long min, long long max,
+                                     long long* out) {
+  long long n = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (ec != std::errc() || p != v.data() + v.size() || n < min || n > max) {
+    return "expected a whole number from " + std::to_string(min) + " to " + std::to_string(max) +
+           ", got '" + v + "'";
+  }
+  *out = n;
+  return std::nullopt;
+}
+
+std::optional<std::string> parse_bool(const std::string& v, bool* out) {
+  if (v == "true" || v == "1" || v == "yes") {
+    *out = true;
+  } else if (v == "false" || v == "0" || v == "no") {
+    *out = false;
+  } else {
+    return "expected true or false, got '" + v + "'";
+  }
+  return std::nullopt;
+}
+
+Setter endpoint(std::optional<Endpoint> proxy::ProxyConfig::*field) {
+  return [field](const std::string& v, Options* o) { return parse_endpoint(v, &(o->proxy.*field)); };
+}
+
+Setter millis(std::chrono::milliseconds proxy::ProxyConfig::*field) {
+  return [field](const std::string& v, Options* o) -> std::optional<std::string> {
+    long long n = 0;
+    if (auto err = parse_int(v, 0, 86400000, &n)) return err;
+    o->proxy.*field = std::chrono::milliseconds(n);
+    return std::nullopt;
+  };
+}
+
+Setter text(std::string proxy::ProxyConfig::*field) {
+  return [field](const std::string& v, Options* o) -> std::optional<std::string> {
+    o->proxy.*field = v;
+    return std::nullopt;
+  };
+}
+
+const std::map<std::string, std::pair<Setter, const char*>>& flags() {
+  static const std::map<std::string, std::pair<Setter, const char*>> f = {
+      {"node", {text(&proxy::ProxyConfig::node_name), "this node's name (workloads whose node matches are local)"}},
+      {"config", {text(&proxy::ProxyConfig::config_file), "local config YAML (ztunnel format); default: embedded"}},
+      {"state-dir", {text(&proxy::ProxyConfig::state_dir), "where the built-in CA keeps its root (default /var/lib/sockmesh)"}},
+      {"certs-dir", {text(&proxy::ProxyConfig::certs_dir), "mounted certificates instead of the built-in CA"}},
+      {"trust-domain", {text(&proxy::ProxyConfig::trust_domain), "mesh trust domain (default cluster.local)"}},
+      {"workers", {[](const std::string& v, Options* o) -> std::optional<std::string> {
+                     long long n = 0;
+                     if (auto e = parse_int(v, 0, 256, &n)) return e;
+                     o->proxy.workers = static_cast<int>(n);
+                     return std::nullopt;
+                   }, "worker threads; 0 = max(2, 25% of cores)"}},
+      {"admin", {endpoint(&proxy::ProxyConfig::admin), "admin address (default 127.0.0.1:15000; 'off')"}},
+      {"metrics", {endpoint(&proxy::ProxyConfig::metrics), "metrics address (default 0.0.0.0:15020)"}},
+      {"readiness", {endpoint(&proxy::ProxyConfig::readiness), "readiness address (default 0.0.0.0:15021)"}},
+      {"socks5", {endpoint(&proxy::ProxyConfig::socks5), "SOCKS5 address, e.g. 127.0.0.1:15080 (default off)"}},
+      {"outbound", {endpoint(&proxy::ProxyConfig::outbound), "transparent outbound listener, e.g. 0.0.0.0:15001"}},
+      {"inbound-plaintext", {endpoint(&proxy::ProxyConfig::inbound_plaintext), "transparent inbound plaintext listener, e.g. 0.0.0.0:15006"}},
+      {"hbone-listen", {endpoint(&proxy::ProxyConfig::hbone_listen), "one HBONE listener here instead of <workload ip>:15008 each"}},
+      {"hbone-port", {[](const std::string& v, Options* o) -> std::optional<std::string> {
+                        long long n = 0;
+                        if (auto e = parse_int(v, 1, 65535, &n)) return e;
+                        o->proxy.hbone_port = static_cast<uint16_t>(n);
+                        return std::nullopt;
+                      }, "HBONE port (default 15008)"}},
+      {"preserve-source-ip", {[](const std::string& v, Options* o) {
+                                return parse_bool(v, &o->proxy.preserve_source_ip);
+                              }, "apps see the client's IP (default true)"}},
+      {"drain-timeout-ms", {millis(&proxy::ProxyConfig::drain_timeout), "how long SIGTERM waits for connections (default 5000)"}},
+      {"pool-idle-timeout-ms", {millis(&proxy::ProxyConfig::pool_idle_timeout), "idle pooled HBONE connections close after this (default 30000)"}},
+      {"connect-timeout-ms", {millis(&proxy::ProxyConfig::connect_timeout), "TCP connect deadline (default 5000)"}},
+      {"config-poll-ms", {millis(&proxy::ProxyConfig::config_poll), "how often the config file is checked (default 1000)"}},
+      {"log-level", {[](const std::string& v, Options* o) -> std::optional<std::string> {
+                       o->log_level = v;
+                       return std::nullopt;
+                     }, "trace, debug, info, warn, error (default info)"}},
+  };
+  return f;
+}
+
+}  // namespace
+
+std::optional<std::string> parse_options(const std::vector<std::string>& args, Options* out) {
+  // Environment first, flags override.
+  for (const auto& [name, entry] : flags()) {
+    std::string env = "SOCKMESH_";
+    for (char c : name) env.push_back(c == '-' ? '_' : static_cast<char>(std::toupper(c)));
+    if (const char* v = std::getenv(env.c_str())) {
+      if (auto err = entry.first(v, out)) return env + ": " + *err;
+    }
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-h" || a == "--help") {
+      out->help = true;
+      continue;
+    }
+    if (a.rfind("--", 0) != 0) return "unexpected argument '" + a + "'";
+    std::string name = a.substr(2);
+    std::string value;
+    auto eq = name.find('=');
+    if (eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name.resize(eq);
+    } else {
+      if (i + 1 >= args.size()) return "--" + name + " needs a value";
+      value = args[++i];
+    }
+    auto it = flags().find(name);
+    if (it == flags().end()) return "unknown flag --" + name + " (see --help)";
+    if (auto err = it->second.first(value, out)) return "--" + name + ": " + *err;
+  }
+  return std::nullopt;
+}
+
+std::string usage() {
+  std::string u =
+      "sockmesh-proxy: the node's HBONE proxy (mTLS HTTP/2 CONNECT on 15008).\n\n"
+      "usage: sockmesh-proxy [--flag value]...\n\n";
+  for (const auto& [name, entry] : flags()) {
+    u += "  --" + name + std::string(name.size() < 22 ? 22 - name.size() : 1, ' ') + entry.second +
+         "\n";
+  }
+  u += "\nEvery flag can also be set as SOCKMESH_<FLAG> (e.g. SOCKMESH_NODE=node-b).\n";
+  return u;
+}
+
+}  // namespace sockmesh::app

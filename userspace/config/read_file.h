@@ -1,0 +1,16 @@
+#pragma once
+// Reading a configuration file whole, shared by the loader and the watcher (which needs to tell a
+// missing file, a normal moment during rename-replace, from other failures).
+#include <cstddef>
+#include <string>
+
+namespace sockmesh::config {
+
+// Bigger files are refused: a local config this large is a mistake, and the watcher re-reads it.
+inline constexpr size_t kMaxConfigFileBytes = 16u << 20;
+
+// Returns 0 and fills `out`, or an errno value (EFBIG when over the limit, EISDIR/EINVAL when not a
+// regular file).
+int read_config_file(const std::string& path, std::string* out);
+
+}  // namespace sockmesh::config

@@ -1,0 +1,519 @@
+#include "h2/connection.h"
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/write.hpp>
+#include <cstring>
+
+#include "base/log.h"
+
+namespace sockmesh::h2 {
+namespace {
+
+constexpr size_t kReadBufferBytes = 256 * 1024;
+constexpr size_t kWriteBatchBytes = 256 * 1024;
+// Our receive side accepts DATA frames this large, which cuts per-frame work for our own peers.
+constexpr uint32_t kMaxFrameSize = 256 * 1024;
+
+nghttp2_nv make_nv(const std::string& name, const std::string& value) {
+  return nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(name.data())),
+                    reinterpret_cast<uint8_t*>(const_cast<char*>(value.data())), name.size(),
+                    value.size(), NGHTTP2_NV_FLAG_NONE};
+}
+
+ssize_t data_source_read(nghttp2_session*, int32_t, uint8_t* buf, size_t length,
+                         uint32_t* data_flags, nghttp2_data_source* source, void*) {
+  return static_cast<H2Stream*>(source->ptr)->read_for_send(buf, length, data_flags);
+}
+
+ssize_t data_read_length(nghttp2_session*, uint8_t, int32_t, int32_t session_window,
+                         int32_t stream_window, uint32_t remote_max_frame, void*) {
+  int64_t n = std::min<int64_t>({session_window, stream_window, remote_max_frame});
+  return static_cast<ssize_t>(std::max<int64_t>(n, 1));
+}
+
+}  // namespace
+
+const std::string* Request::header(std::string_view name) const {
+  for (const auto& h : headers) {
+    if (h.name == name) return &h.value;
+  }
+  return nullptr;
+}
+
+const char* error_code_name(uint32_t code) {
+  return nghttp2_http2_strerror(code);
+}
+
+// ---------------------------------------------------------------------------------------------
+// H2Stream
+
+H2Stream::H2Stream(std::shared_ptr<H2Connection> connection, int32_t id)
+    : connection_(std::move(connection)), id_(id) {}
+
+bool H2Stream::send(std::vector<uint8_t> chunk) {
+  if (closed_ || finish_requested_) return false;
+  if (chunk.empty()) return true;
+  queued_bytes_ += chunk.size();
+  send_queue_.push_back(std::move(chunk));
+  if (data_deferred_) {
+    data_deferred_ = false;
+    nghttp2_session_resume_data(connection_->session(), id_);
+  }
+  connection_->schedule_write();
+  return true;
+}
+
+bool H2Stream::send(const uint8_t* data, size_t len) {
+  return send(std::vector<uint8_t>(data, data + len));
+}
+
+bool H2Stream::above_high_watermark() {
+  if (queued_bytes_ < kHighWatermark) return false;
+  want_writable_ = true;
+  return true;
+}
+
+void H2Stream::finish() {
+  if (closed_ || finish_requested_) return;
+  finish_requested_ = true;
+  if (data_deferred_) {
+    data_deferred_ = false;
+    nghttp2_session_resume_data(connection_->session(), id_);
+  }
+  connection_->schedule_write();
+}
+
+void H2Stream::reset(uint32_t error_code) {
+  if (closed_) return;
+  nghttp2_submit_rst_stream(connection_->session(), NGHTTP2_FLAG_NONE, id_, error_code);
+  connection_->schedule_write();
+}
+
+void H2Stream::consume(size_t n) {
+  if (closed_ || n == 0) return;
+  nghttp2_session_consume(connection_->session(), id_, n);
+  connection_->schedule_write();
+}
+
+void H2Stream::respond(int status, const HeaderList& extra) {
+  if (closed_) return;
+  std::string status_name = ":status";
+  std::string status_value = std::to_string(status);
+  std::vector<nghttp2_nv> nva;
+  nva.push_back(make_nv(status_name, status_value));
+  for (const auto& h : extra) nva.push_back(make_nv(h.name, h.value));
+  auto* session = connection_->session();
+  if (status >= 200 && status < 300) {
+    nghttp2_data_provider provider{};
+    provider.source.ptr = this;
+    provider.read_callback = data_source_read;
+    data_provider_attached_ = true;
+    nghttp2_submit_response(session, id_, nva.data(), nva.size(), &provider);
+  } else {
+    nghttp2_submit_response(session, id_, nva.data(), nva.size(), nullptr);
+    // The answer is final: tell the client to stop sending on this stream.
+    nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, id_, NGHTTP2_NO_ERROR);
+  }
+  connection_->schedule_write();
+}
+
+ssize_t H2Stream::read_for_send(uint8_t* buf, size_t length, uint32_t* data_flags) {
+  size_t copied = 0;
+  while (copied < length && !send_queue_.empty()) {
+    auto& front = send_queue_.front();
+    size_t take = std::min(length - copied, front.size() - front_offset_);
+    std::memcpy(buf + copied, front.data() + front_offset_, take);
+    copied += take;
+    front_offset_ += take;
+    if (front_offset_ == front.size()) {
+      send_queue_.pop_front();
+      front_offset_ = 0;
+    }
+  }
+  queued_bytes_ -= copied;
+  if (want_writable_ && queued_bytes_ <= kLowWatermark) {
+    want_writable_ = false;
+    // Not from inside nghttp2: the handler will queue more data and resume this stream.
+    boost::asio::post(connection_->executor(), [self = shared_from_this()] {
+      if (!self->closed_ && self->handlers_.on_writable) self->handlers_.on_writable();
+    });
+  }
+  if (send_queue_.empty()) {
+    if (finish_requested_) {
+      *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+    } else if (copied == 0) {
+      data_deferred_ = true;
+      return NGHTTP2_ERR_DEFERRED;
+    }
+  }
+  return static_cast<ssize_t>(copied);
+}
+
+void H2Stream::on_closed(uint32_t error_code) {
+  if (closed_) return;
+  closed_ = true;
+  send_queue_.clear();
+  queued_bytes_ = 0;
+  auto handlers = std::move(handlers_);
+  handlers_ = {};
+  if (handlers.on_close) handlers.on_close(error_code);
+  connection_.reset();
+}
+
+// ---------------------------------------------------------------------------------------------
+// H2Connection
+
+nghttp2_session_callbacks* H2Connection::callbacks() {
+  static nghttp2_session_callbacks* cbs = [] {
+    nghttp2_session_callbacks* c = nullptr;
+    nghttp2_session_callbacks_new(&c);
+    nghttp2_session_callbacks_set_on_begin_headers_callback(c, &H2Connection::on_begin_headers);
+    nghttp2_session_callbacks_set_on_header_callback(c, &H2Connection::on_header);
+    nghttp2_session_callbacks_set_on_frame_recv_callback(c, &H2Connection::on_frame_recv);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(c, &H2Connection::on_data_chunk);
+    nghttp2_session_callbacks_set_on_stream_close_callback(c, &H2Connection::on_stream_close);
+    nghttp2_session_callbacks_set_data_source_read_length_callback(c, data_read_length);
+    return c;
+  }();
+  return cbs;
+}
+
+H2Connection::H2Connection(std::unique_ptr<TlsStream> stream, Role role, Settings settings)
+    : stream_(std::move(stream)),
+      role_(role),
+      settings_(settings),
+      read_buf_(kReadBufferBytes),
+      keepalive_(stream_->get_executor()) {
+  nghttp2_option* opt = nullptr;
+  nghttp2_option_new(&opt);
+  nghttp2_option_set_no_auto_window_update(opt, 1);
+  nghttp2_option_set_max_send_header_block_length(opt, 64 * 1024);
+  if (role_ == Role::kServer) {
+    nghttp2_session_server_new2(&session_, callbacks(), this, opt);
+  } else {
+    nghttp2_session_client_new2(&session_, callbacks(), this, opt);
+  }
+  nghttp2_option_del(opt);
+  last_frame_ = idle_since_ = std::chrono::steady_clock::now();
+}
+
+H2Connection::~H2Connection() {
+  if (session_ != nullptr) nghttp2_session_del(session_);
+}
+
+bool H2Connection::start() {
+  nghttp2_settings_entry iv[] = {
+      {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, settings_.max_concurrent_streams},
+      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, settings_.stream_window},
+      {NGHTTP2_SETTINGS_MAX_FRAME_SIZE, kMaxFrameSize},
+      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, settings_.max_header_list_bytes},
+  };
+  if (nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, iv, std::size(iv)) != 0) return false;
+  if (nghttp2_session_set_local_window_size(session_, NGHTTP2_FLAG_NONE, 0,
+                                            static_cast<int32_t>(settings_.connection_window)) !=
+      0) {
+    return false;
+  }
+  schedule_write();
+  read_loop();
+  arm_keepalive();
+  return true;
+}
+
+uint32_t H2Connection::stream_limit() const {
+  uint32_t remote =
+      nghttp2_session_get_remote_settings(session_, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS);
+  return std::min(remote, settings_.max_concurrent_streams);
+}
+
+std::shared_ptr<H2Stream> H2Connection::open_connect(const std::string& authority,
+                                                     const HeaderList& headers,
+                                                     H2Stream::Handlers handlers) {
+  if (!usable() || role_ != Role::kClient || streams_.size() >= stream_limit()) return nullptr;
+  static const std::string kMethod = ":method", kConnect = "CONNECT", kAuthority = ":authority";
+  std::vector<nghttp2_nv> nva;
+  nva.push_back(make_nv(kMethod, kConnect));
+  nva.push_back(make_nv(kAuthority, authority));
+  for (const auto& h : headers) nva.push_back(make_nv(h.name, h.value));
+  auto stream = std::make_shared<H2Stream>(shared_from_this(), 0);
+  stream->set_handlers(std::move(handlers));
+  nghttp2_data_provider provider{};
+  provider.source.ptr = stream.get();
+  provider.read_callback = data_source_read;
+  int32_t id = nghttp2_submit_request(session_, nullptr, nva.data(), nva.size(), &provider,
+                                      stream.get());
+  if (id < 0) {
+    SM_WARN("h2") << "submit CONNECT failed: " << nghttp2_strerror(id);
+    stream->connection_.reset();
+    return nullptr;
+  }
+  stream->id_ = id;
+  stream->data_provider_attached_ = true;
+  streams_.emplace(id, stream);
+  schedule_write();
+  return stream;
+}
+
+void H2Connection::shutdown_gracefully() {
+  if (closed_ || going_away_) return;
+  going_away_ = true;
+  if (role_ == Role::kServer) {
+    nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE,
+                          nghttp2_session_get_last_proc_stream_id(session_), NGHTTP2_NO_ERROR,
+                          nullptr, 0);
+  } else {
+    nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE, 0, NGHTTP2_NO_ERROR, nullptr, 0);
+  }
+  schedule_write();
+  if (streams_.empty()) maybe_close();
+}
+
+void H2Connection::abort(const std::string& reason) { close_transport(reason); }
+
+H2Stream* H2Connection::find_stream(int32_t id) {
+  auto it = streams_.find(id);
+  return it == streams_.end() ? nullptr : it->second.get();
+}
+
+void H2Connection::read_loop() {
+  if (closed_ || reading_) return;
+  reading_ = true;
+  stream_->async_read_some(
+      boost::asio::buffer(read_buf_),
+      [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
+        self->on_read(ec, n);
+      });
+}
+
+void H2Connection::on_read(const boost::system::error_code& ec, size_t n) {
+  reading_ = false;
+  if (closed_) return;
+  if (ec) {
+    close_transport(ec == boost::asio::error::eof ? "peer closed the connection"
+                                                   : "read failed: " + ec.message());
+    return;
+  }
+  last_frame_ = std::chrono::steady_clock::now();
+  ping_outstanding_ = false;
+  ++in_nghttp2_;
+  ssize_t rv = nghttp2_session_mem_recv(session_, read_buf_.data(), n);
+  --in_nghttp2_;
+  if (rv < 0) {
+    SM_WARN("h2") << "protocol error from peer: " << nghttp2_strerror(static_cast<int>(rv));
+    nghttp2_session_terminate_session(session_, NGHTTP2_PROTOCOL_ERROR);
+    close_reason_ = std::string("protocol error: ") + nghttp2_strerror(static_cast<int>(rv));
+  }
+  schedule_write();
+  if (closed_) return;
+  if (nghttp2_session_want_read(session_) != 0) {
+    read_loop();
+  } else {
+    maybe_close();
+  }
+}
+
+void H2Connection::schedule_write() {
+  // Inside nghttp2 the outer caller (on_read, or this loop) writes once nghttp2 returns.
+  if (closed_ || writing_ || in_nghttp2_ > 0) return;
+  write_buf_.clear();
+  while (write_buf_.size() < kWriteBatchBytes) {
+    const uint8_t* data = nullptr;
+    ++in_nghttp2_;
+    ssize_t n = nghttp2_session_mem_send(session_, &data);
+    --in_nghttp2_;
+    if (n < 0) {
+      close_transport(std::string("nghttp2 send failed: ") +
+                      nghttp2_strerror(static_cast<int>(n)));
+      return;
+    }
+    if (n == 0) break;
+    write_buf_.insert(write_buf_.end(), data, data + n);
+    if (closed_) return;  // a stream-close handler aborted the connection
+  }
+  if (write_buf_.empty()) {
+    maybe_close();
+    return;
+  }
+  writing_ = true;
+  boost::asio::async_write(
+      *stream_, boost::asio::buffer(write_buf_),
+      [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+        self->finish_write(ec);
+      });
+}
+
+void H2Connection::finish_write(const boost::system::error_code& ec) {
+  writing_ = false;
+  if (closed_) return;
+  if (ec) {
+    close_transport("write failed: " + ec.message());
+    return;
+  }
+  schedule_write();
+}
+
+void H2Connection::maybe_close() {
+  if (closed_ || writing_) return;
+  bool done = (nghttp2_session_want_read(session_) == 0 &&
+               nghttp2_session_want_write(session_) == 0) ||
+              (going_away_ && streams_.empty());
+  if (done) close_transport(close_reason_.empty() ? "session finished" : close_reason_);
+}
+
+void H2Connection::arm_keepalive() {
+  if (closed_ || settings_.ping_interval.count() <= 0) return;
+  keepalive_.expires_after(settings_.ping_interval / 2);
+  keepalive_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+    auto self = weak.lock();
+    if (ec || !self || self->closed_) return;
+    auto quiet = std::chrono::steady_clock::now() - self->last_frame_;
+    if (quiet >= self->settings_.ping_timeout) {
+      self->close_transport("keepalive: no frame from peer for " +
+                            std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                               quiet)
+                                               .count()) +
+                            " ms");
+      return;
+    }
+    if (quiet >= self->settings_.ping_interval && !self->ping_outstanding_) {
+      self->ping_outstanding_ = true;
+      nghttp2_submit_ping(self->session_, NGHTTP2_FLAG_NONE, nullptr);
+      self->schedule_write();
+    }
+    self->arm_keepalive();
+  });
+}
+
+void H2Connection::close_transport(const std::string& reason) {
+  if (closed_) return;
+  closed_ = true;
+  auto self = shared_from_this();
+  keepalive_.cancel();
+  boost::system::error_code ignored;
+  stream_->lowest_layer().shutdown(boost::asio::ip::tcp::socket::shutdown_both, ignored);
+  stream_->lowest_layer().close(ignored);
+  auto streams = std::move(streams_);
+  streams_.clear();
+  for (auto& [id, s] : streams) s->on_closed(NGHTTP2_CANCEL);
+  SM_DEBUG("h2") << "connection closed: " << reason;
+  if (close_handler_) {
+    auto handler = std::move(close_handler_);
+    close_handler_ = nullptr;
+    handler(reason);
+  }
+  request_handler_ = nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// nghttp2 callbacks
+
+int H2Connection::on_begin_headers(nghttp2_session*, const nghttp2_frame* frame, void* user) {
+  auto* self = static_cast<H2Connection*>(user);
+  if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+  if (self->role_ != Role::kServer) return 0;
+  auto stream = std::make_shared<H2Stream>(self->shared_from_this(), frame->hd.stream_id);
+  self->streams_.emplace(frame->hd.stream_id, std::move(stream));
+  self->idle_since_ = std::chrono::steady_clock::now();
+  return 0;
+}
+
+int H2Connection::on_header(nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name,
+                            size_t namelen, const uint8_t* value, size_t valuelen, uint8_t,
+                            void* user) {
+  auto* self = static_cast<H2Connection*>(user);
+  H2Stream* stream = self->find_stream(frame->hd.stream_id);
+  if (stream == nullptr) return 0;
+  std::string_view n(reinterpret_cast<const char*>(name), namelen);
+  std::string_view v(reinterpret_cast<const char*>(value), valuelen);
+  auto& req = stream->request_;
+  req.header_bytes += namelen + valuelen + 32;
+  if (req.header_bytes > self->settings_.max_header_list_bytes) {
+    req.oversized = true;
+    return 0;  // keep the count; the request is answered 431 once complete
+  }
+  if (frame->headers.cat == NGHTTP2_HCAT_REQUEST) {
+    if (n == ":method") {
+      req.method = v;
+    } else if (n == ":authority") {
+      req.authority = v;
+    } else if (n == ":scheme") {
+      req.scheme = v;
+    } else if (n == ":path") {
+      req.path = v;
+    } else if (n == ":protocol") {
+      req.protocol = v;
+    } else {
+      req.headers.push_back({std::string(n), std::string(v)});
+    }
+  } else {
+    // Response (client side): reuse request_.headers for the response headers and
+    // request_.method for :status; both are read back in on_frame_recv.
+    if (n == ":status") {
+      req.method = v;
+    } else {
+      req.headers.push_back({std::string(n), std::string(v)});
+    }
+  }
+  return 0;
+}
+
+int H2Connection::on_frame_recv(nghttp2_session*, const nghttp2_frame* frame, void* user) {
+  auto* self = static_cast<H2Connection*>(user);
+  if (frame->hd.type == NGHTTP2_GOAWAY) {
+    self->peer_going_away_ = true;
+    return 0;
+  }
+  if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) return 0;
+  auto it = self->streams_.find(frame->hd.stream_id);
+  if (it == self->streams_.end()) return 0;
+  auto stream = it->second;  // keep alive across handler calls
+  if (frame->hd.type == NGHTTP2_HEADERS && (frame->hd.flags & NGHTTP2_FLAG_END_HEADERS) != 0) {
+    if (frame->headers.cat == NGHTTP2_HCAT_REQUEST && self->role_ == Role::kServer) {
+      if (self->request_handler_) self->request_handler_(stream);
+    } else if (frame->headers.cat == NGHTTP2_HCAT_RESPONSE && self->role_ == Role::kClient) {
+      int status = std::atoi(stream->request_.method.c_str());
+      auto headers = std::move(stream->request_.headers);
+      stream->request_.headers.clear();
+      // A copy: the handler usually installs the relay's handlers, replacing itself.
+      auto on_response = stream->handlers_.on_response;
+      if (on_response) on_response(status, headers);
+    }
+  }
+  if ((frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0 && !stream->closed_) {
+    auto on_end = stream->handlers_.on_end;
+    if (on_end) on_end();
+  }
+  return 0;
+}
+
+int H2Connection::on_data_chunk(nghttp2_session*, uint8_t, int32_t stream_id, const uint8_t* data,
+                                size_t len, void* user) {
+  auto* self = static_cast<H2Connection*>(user);
+  H2Stream* stream = self->find_stream(stream_id);
+  if (stream == nullptr || !stream->handlers_.on_data) {
+    // Nobody reads this stream (e.g. data after a refusal): give the window back.
+    nghttp2_session_consume(self->session_, stream_id, len);
+    return 0;
+  }
+  stream->handlers_.on_data(data, len);
+  return 0;
+}
+
+int H2Connection::on_stream_close(nghttp2_session*, int32_t stream_id, uint32_t error_code,
+                                  void* user) {
+  auto* self = static_cast<H2Connection*>(user);
+  auto it = self->streams_.find(stream_id);
+  if (it == self->streams_.end()) return 0;
+  auto stream = std::move(it->second);
+  self->streams_.erase(it);
+  if (self->streams_.empty()) self->idle_since_ = std::chrono::steady_clock::now();
+  stream->on_closed(error_code);
+  if (self->going_away_ && self->streams_.empty()) {
+    boost::asio::post(self->executor(), [weak = self->weak_from_this()] {
+      if (auto s = weak.lock()) s->maybe_close();
+    });
+  }
+  return 0;
+}
+
+}  // namespace sockmesh::h2

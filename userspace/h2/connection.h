@@ -1,0 +1,209 @@
+#pragma once
+// HTTP/2 over an established TLS stream, for CONNECT tunnels and nothing else of HTTP.
+// One H2Connection runs on one io_context thread; its streams are touched only from that thread.
+//
+// Flow control is explicit: received DATA is handed to the stream's consumer, which calls
+// H2Stream::consume(n) once it has written those bytes onwards. Only then does the window open
+// again, so a slow receiver slows the sender instead of growing buffers.
+#include <nghttp2/nghttp2.h>
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/stream.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace sockmesh::h2 {
+
+using TlsStream = boost::asio::ssl::stream<boost::asio::ip::tcp::socket>;
+
+struct Header {
+  std::string name;
+  std::string value;
+};
+using HeaderList = std::vector<Header>;
+
+struct Settings {
+  uint32_t stream_window = 4 * 1024 * 1024;       // as ztunnel
+  uint32_t connection_window = 16 * 1024 * 1024;  // as ztunnel
+  uint32_t max_concurrent_streams = 100;
+  uint32_t max_header_list_bytes = 16 * 1024;
+  std::chrono::milliseconds ping_interval{10000};  // idle time before a keepalive PING
+  std::chrono::milliseconds ping_timeout{20000};   // no frame at all for this long: dead
+};
+
+// A request as received by the server side.
+struct Request {
+  std::string method;
+  std::string authority;
+  std::string scheme;
+  std::string path;
+  std::string protocol;
+  HeaderList headers;  // regular (non-pseudo) headers
+  size_t header_bytes = 0;
+  bool oversized = false;
+
+  const std::string* header(std::string_view name) const;
+};
+
+class H2Connection;
+
+class H2Stream : public std::enable_shared_from_this<H2Stream> {
+ public:
+  struct Handlers {
+    // Bytes of a DATA frame. Valid only during the call; call consume(n) once they are gone on.
+    std::function<void(const uint8_t* data, size_t len)> on_data;
+    // The peer sent END_STREAM: no more data will come.
+    std::function<void()> on_end;
+    // The stream is closed. error_code 0 is a clean close; otherwise an HTTP/2 error code
+    // (RST_STREAM from the peer, or the connection failed).
+    std::function<void(uint32_t error_code)> on_close;
+    // The send queue drained below the low watermark after having been above the high one.
+    std::function<void()> on_writable;
+    // Client side: the response headers arrived.
+    std::function<void(int status, const HeaderList& headers)> on_response;
+  };
+
+  static constexpr size_t kHighWatermark = 1024 * 1024;
+  static constexpr size_t kLowWatermark = 256 * 1024;
+
+  H2Stream(std::shared_ptr<H2Connection> connection, int32_t id);
+
+  int32_t id() const { return id_; }
+  H2Connection& connection() { return *connection_; }
+  const Request& request() const { return request_; }
+  bool closed() const { return closed_; }
+
+  void set_handlers(Handlers handlers) { handlers_ = std::move(handlers); }
+
+  // Queues bytes to send as DATA. Returns false when the stream can no longer send.
+  bool send(std::vector<uint8_t> chunk);
+  bool send(const uint8_t* data, size_t len);
+  size_t queued_bytes() const { return queued_bytes_; }
+  // True when the caller should stop producing until on_writable.
+  bool above_high_watermark();
+  // END_STREAM once everything queued is sent.
+  void finish();
+  // RST_STREAM with this HTTP/2 error code.
+  void reset(uint32_t error_code);
+  // The consumer is done with n received bytes: reopen the flow-control window by n.
+  void consume(size_t n);
+
+  // Server side: answer the request. A 2xx keeps the stream open for the tunnel; anything else
+  // ends it.
+  void respond(int status, const HeaderList& extra = {});
+
+  // nghttp2's data source: copies queued bytes into a DATA frame.
+  ssize_t read_for_send(uint8_t* buf, size_t length, uint32_t* data_flags);
+
+ private:
+  friend class H2Connection;
+  void on_closed(uint32_t error_code);
+
+  std::shared_ptr<H2Connection> connection_;
+  int32_t id_;
+  Request request_;
+  Handlers handlers_;
+  std::deque<std::vector<uint8_t>> send_queue_;
+  size_t front_offset_ = 0;
+  size_t queued_bytes_ = 0;
+  bool finish_requested_ = false;
+  bool data_deferred_ = false;
+  bool data_provider_attached_ = false;
+  bool want_writable_ = false;
+  bool closed_ = false;
+};
+
+class H2Connection : public std::enable_shared_from_this<H2Connection> {
+ public:
+  enum class Role { kClient, kServer };
+  using RequestHandler = std::function<void(std::shared_ptr<H2Stream>)>;
+  using CloseHandler = std::function<void(const std::string& reason)>;
+
+  H2Connection(std::unique_ptr<TlsStream> stream, Role role, Settings settings);
+  ~H2Connection();
+  H2Connection(const H2Connection&) = delete;
+  H2Connection& operator=(const H2Connection&) = delete;
+
+  // Server: called once per complete request (headers received).
+  void set_request_handler(RequestHandler handler) { request_handler_ = std::move(handler); }
+  // Called once when the connection is gone, with a reason for the log.
+  void set_close_handler(CloseHandler handler) { close_handler_ = std::move(handler); }
+
+  // Sends the preface and SETTINGS and starts reading. Returns false if nghttp2 refused.
+  bool start();
+
+  // Client: opens a CONNECT stream to authority ("ip:port"). nullptr if the connection cannot
+  // take another stream.
+  std::shared_ptr<H2Stream> open_connect(const std::string& authority, const HeaderList& headers,
+                                         H2Stream::Handlers handlers);
+
+  // GOAWAY: no new streams; existing ones finish; the connection closes when the last one does.
+  void shutdown_gracefully();
+  // Closes at once; every open stream sees on_close with an error.
+  void abort(const std::string& reason);
+
+  bool usable() const { return !closed_ && !going_away_ && !peer_going_away_; }
+  bool closed() const { return closed_; }
+  size_t active_streams() const { return streams_.size(); }
+  // The peer's SETTINGS_MAX_CONCURRENT_STREAMS bounded by ours.
+  uint32_t stream_limit() const;
+  std::chrono::steady_clock::time_point idle_since() const { return idle_since_; }
+
+  TlsStream& transport() { return *stream_; }
+  boost::asio::any_io_executor executor() { return stream_->get_executor(); }
+
+  // Used by H2Stream.
+  nghttp2_session* session() { return session_; }
+  void schedule_write();
+
+ private:
+  friend class H2Stream;
+  static nghttp2_session_callbacks* callbacks();
+  static int on_begin_headers(nghttp2_session*, const nghttp2_frame*, void*);
+  static int on_header(nghttp2_session*, const nghttp2_frame*, const uint8_t*, size_t,
+                       const uint8_t*, size_t, uint8_t, void*);
+  static int on_frame_recv(nghttp2_session*, const nghttp2_frame*, void*);
+  static int on_data_chunk(nghttp2_session*, uint8_t, int32_t, const uint8_t*, size_t, void*);
+  static int on_stream_close(nghttp2_session*, int32_t, uint32_t, void*);
+
+  void read_loop();
+  void on_read(const boost::system::error_code& ec, size_t n);
+  void finish_write(const boost::system::error_code& ec);
+  void maybe_close();
+  void arm_keepalive();
+  void close_transport(const std::string& reason);
+  H2Stream* find_stream(int32_t id);
+
+  std::unique_ptr<TlsStream> stream_;
+  Role role_;
+  Settings settings_;
+  nghttp2_session* session_ = nullptr;
+  std::unordered_map<int32_t, std::shared_ptr<H2Stream>> streams_;
+  RequestHandler request_handler_;
+  CloseHandler close_handler_;
+  std::vector<uint8_t> read_buf_;
+  std::vector<uint8_t> write_buf_;
+  int in_nghttp2_ = 0;  // >0 while nghttp2 runs our callbacks: no re-entry into mem_send
+  bool writing_ = false;
+  bool reading_ = false;
+  bool closed_ = false;
+  bool going_away_ = false;
+  bool peer_going_away_ = false;
+  bool ping_outstanding_ = false;
+  std::string close_reason_;
+  boost::asio::steady_timer keepalive_;
+  std::chrono::steady_clock::time_point last_frame_;
+  std::chrono::steady_clock::time_point idle_since_;
+};
+
+// A short name for an HTTP/2 error code, for logs.
+const char* error_code_name(uint32_t code);
+
+}  // namespace sockmesh::h2

@@ -1,0 +1,233 @@
+#include "identity/certificate_cache.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "base/log.h"
+
+namespace sockmesh::identity {
+namespace {
+
+constexpr std::string_view kScope = "identity";
+
+}  // namespace
+
+CertificateCache::CertificateCache(std::shared_ptr<CertificateIssuer> issuer,
+                                   CertificateCacheOptions options)
+    : issuer_(std::move(issuer)), options_(std::move(options)) {
+  if (!issuer_) throw std::invalid_argument("CertificateCache needs an issuer");
+  if (!(options_.renew_fraction > 0.0 && options_.renew_fraction <= 1.0)) {
+    throw std::invalid_argument("CertificateCache renew_fraction must be in (0, 1]");
+  }
+  if (options_.min_retry.count() < 0 || options_.max_retry < options_.min_retry) {
+    throw std::invalid_argument("CertificateCache retry bounds must satisfy 0 <= min <= max");
+  }
+}
+
+CertificateCache::~CertificateCache() { stop_background_renewal(); }
+
+CertifiedKeyPtr CertificateCache::get(const std::string& spiffe_id) {
+  auto r = lookup(spiffe_id);
+  return r ? *std::move(r) : nullptr;
+}
+
+Result<CertifiedKeyPtr> CertificateCache::lookup(const std::string& spiffe_id) {
+  auto id = SpiffeId::parse(spiffe_id);
+  if (!id) return Error{"invalid workload SPIFFE ID \"" + spiffe_id + "\""};
+  return lookup(*id);
+}
+
+Result<CertifiedKeyPtr> CertificateCache::lookup(const SpiffeId& id) {
+  const std::string name = id.to_string();
+  std::unique_lock lock(mu_);
+  auto it = entries_.find(name);
+  if (it == entries_.end()) {
+    auto e = std::make_shared<Entry>();
+    e->id = id;
+    it = entries_.emplace(name, std::move(e)).first;
+  }
+  std::shared_ptr<Entry> e = it->second;
+
+  bool waited = false;
+  while (true) {
+    const TimePoint t = now();
+    const bool usable = e->current && t < e->current->not_after();
+    if (usable) {
+      if (e->inflight || t < e->renew_at || t < e->retry_after) return e->current;
+      // Due, and nobody is on it: this caller renews. It has a valid certificate either way.
+      attempt(lock, e);
+      return e->current;
+    }
+    if (e->inflight) {
+      uint64_t seen = e->attempts;
+      done_.wait(lock, [&] { return e->attempts != seen; });
+      waited = true;
+      continue;
+    }
+    // The attempt we waited for, or a recent one, failed: report it rather than piling on.
+    if (!e->last_error.empty() && (waited || t < e->retry_after)) return Error{e->last_error};
+    if (attempt(lock, e)) return e->current;
+    return Error{e->last_error};
+  }
+}
+
+bool CertificateCache::attempt(std::unique_lock<std::mutex>& lock,
+                               const std::shared_ptr<Entry>& e) {
+  e->inflight = true;
+  const SpiffeId id = e->id;
+  lock.unlock();
+  auto result = issuer_->issue(id);
+  lock.lock();
+  e->inflight = false;
+  ++e->attempts;
+  const TimePoint t = now();
+  bool ok = result.ok();
+  if (ok) {
+    CertifiedKeyPtr fresh = *std::move(result);
+    bool changed = fresh != e->current;
+    e->current = std::move(fresh);
+    e->failures = 0;
+    e->last_error.clear();
+    e->retry_after = TimePoint{};
+    e->renew_at = e->current->refresh_at(options_.renew_fraction);
+    // An issuer that hands back material already past its renewal point (mounted files nobody
+    // rotated yet) is asked again after a pause, not on every handshake.
+    if (e->renew_at <= t) {
+      e->renew_at = t + std::max(options_.min_retry, std::chrono::milliseconds(1));
+    }
+    if (changed) {
+      SM_INFO(kScope) << "certificate ready identity=" << e->current->identity()
+                      << " serial=" << e->current->serial()
+                      << " not_after=" << format_utc(e->current->not_after())
+                      << " renew_at=" << format_utc(e->renew_at);
+    }
+  } else {
+    e->last_error = result.error().message;
+    ++e->failures;
+    auto backoff = options_.min_retry;
+    for (int i = 1; i < e->failures && backoff < options_.max_retry; ++i) backoff *= 2;
+    backoff = std::min(backoff, options_.max_retry);
+    e->retry_after = t + backoff;
+    SM_WARN(kScope) << "certificate issuance failed identity=" << id.to_string()
+                    << " failures=" << e->failures << " retry_in_ms=" << backoff.count()
+                    << " error=" << e->last_error;
+  }
+  done_.notify_all();
+  return ok;
+}
+
+size_t CertificateCache::renew_due() {
+  issuer_->refresh();
+  struct Candidate {
+    std::shared_ptr<Entry> entry;
+    CertifiedKeyPtr current;
+    bool due;
+  };
+  std::vector<Candidate> candidates;
+  const TimePoint t = now();
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [_, e] : entries_) {
+      if (e->inflight || t < e->retry_after) continue;
+      bool due = !e->current || t >= e->current->not_after() || t >= e->renew_at;
+      candidates.push_back({e, e->current, due});
+    }
+  }
+  size_t renewed = 0;
+  for (auto& c : candidates) {
+    // The issuer may stat files here; do it without holding the cache lock.
+    if (!c.due && !issuer_->superseded(*c.current)) continue;
+    std::unique_lock lock(mu_);
+    // Someone else may have renewed or removed it in the meantime.
+    auto it = entries_.find(c.entry->id.to_string());
+    if (it == entries_.end() || it->second != c.entry) continue;
+    if (c.entry->inflight || c.entry->current != c.current) continue;
+    if (attempt(lock, c.entry)) ++renewed;
+  }
+  return renewed;
+}
+
+std::optional<TimePoint> CertificateCache::next_renewal() const {
+  std::lock_guard lock(mu_);
+  std::optional<TimePoint> next;
+  for (const auto& [_, e] : entries_) {
+    TimePoint at = e->current ? std::max(e->renew_at, e->retry_after) : e->retry_after;
+    if (!next || at < *next) next = at;
+  }
+  return next;
+}
+
+void CertificateCache::start_background_renewal(std::chrono::milliseconds period) {
+  std::lock_guard lock(bg_mu_);
+  if (bg_.joinable()) return;
+  bg_stop_ = false;
+  bg_ = std::thread([this, period] {
+    std::unique_lock lk(bg_mu_);
+    while (!bg_stop_) {
+      lk.unlock();
+      renew_due();
+      lk.lock();
+      bg_cv_.wait_for(lk, period, [this] { return bg_stop_; });
+    }
+  });
+}
+
+void CertificateCache::stop_background_renewal() {
+  std::thread t;
+  {
+    std::lock_guard lock(bg_mu_);
+    bg_stop_ = true;
+    t = std::move(bg_);
+  }
+  bg_cv_.notify_all();
+  if (t.joinable()) t.join();
+}
+
+void CertificateCache::remove(const std::string& spiffe_id) {
+  std::lock_guard lock(mu_);
+  entries_.erase(spiffe_id);
+}
+
+CacheSnapshot CertificateCache::snapshot() const {
+  CacheSnapshot snap;
+  snap.issuer = std::string(issuer_->kind());
+  const TimePoint t = now();
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [name, e] : entries_) {
+      CertificateInfo info;
+      info.identity = name;
+      info.last_error = e->last_error;
+      if (e->current) {
+        info.serial = e->current->serial();
+        info.not_before = e->current->not_before();
+        info.not_after = e->current->not_after();
+        info.renew_at = e->renew_at;
+      }
+      const bool usable = e->current && t < e->current->not_after();
+      if (e->inflight) {
+        info.state = usable ? "renewing" : "issuing";
+      } else if (usable) {
+        info.state = "valid";
+      } else if (e->current && e->last_error.empty()) {
+        info.state = "expired";
+      } else {
+        info.state = e->last_error.empty() ? "issuing" : "failed";
+      }
+      snap.certificates.push_back(std::move(info));
+    }
+  }
+  if (TrustRootsPtr roots = issuer_->trust_roots()) {
+    for (const auto& root : *roots) {
+      RootInfo r;
+      r.subject = subject_string(root.get());
+      r.serial = serial_hex(root.get());
+      r.sha256 = fingerprint_sha256(root.get());
+      if (auto na = to_time_point(X509_get0_notAfter(root.get()))) r.not_after = *na;
+      snap.roots.push_back(std::move(r));
+    }
+  }
+  return snap;
+}
+
+}  // namespace sockmesh::identity

@@ -1,0 +1,147 @@
+// sockmesh-proxy: wires the configuration, identities, TLS, metrics and the proxy roles together,
+// serves the admin endpoints, and drains on SIGTERM.
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <cstdio>
+#include <future>
+#include <iostream>
+
+#include "app/admin.h"
+#include "app/options.h"
+#include "base/log.h"
+#include "config/local_config.h"
+#include "config/watcher.h"
+#include "identity/builtin_ca.h"
+#include "identity/certificate_cache.h"
+#include "identity/file_certificates.h"
+#include "observe/http_server.h"
+#include "proxy/proxy.h"
+
+using namespace sockmesh;
+
+namespace {
+
+int fail(const std::string& message) {
+  SM_ERROR("main") << message;
+  std::fprintf(stderr, "sockmesh-proxy: %s\n", message.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  app::Options opts;
+  if (auto err = app::parse_options({argv + 1, argv + argc}, &opts)) {
+    std::fprintf(stderr, "sockmesh-proxy: %s\n\n%s", err->c_str(), app::usage().c_str());
+    return 2;
+  }
+  if (opts.help) {
+    std::cout << app::usage();
+    return 0;
+  }
+  log::Level level;
+  if (!log::parse_level(opts.log_level, &level)) return fail("unknown log level " + opts.log_level);
+  log::set_level(level);
+  const auto& cfg = opts.proxy;
+  SM_INFO("main") << "sockmesh-proxy starting: node=" << cfg.node_name
+                  << " workers=" << cfg.effective_workers()
+                  << " trust_domain=" << cfg.trust_domain;
+
+  // Mesh state: the local config file (watched) or the embedded default.
+  state::StateStore store;
+  std::unique_ptr<config::ConfigWatcher> watcher;
+  std::string config_source;
+  if (cfg.config_file.empty()) {
+    config_source = "embedded default";
+    auto parsed = config::parse_local_config(config::embedded_default_config(), "<embedded>");
+    if (const auto* e = config::error_of(parsed)) return fail(e->to_string());
+    store.set(config::snapshot_of(parsed));
+  } else {
+    config_source = cfg.config_file;
+    watcher = std::make_unique<config::ConfigWatcher>(cfg.config_file, &store, cfg.config_poll);
+    if (auto e = watcher->reload()) return fail("bad configuration: " + e->to_string());
+    watcher->start();
+  }
+  {
+    auto snap = store.get();
+    size_t local = 0;
+    for (const auto& w : snap->workloads()) local += w.node == cfg.node_name ? 1 : 0;
+    SM_INFO("main") << "configuration from " << config_source << ": "
+                    << snap->workloads().size() << " workloads (" << local
+                    << " on this node), " << snap->services().size() << " services, "
+                    << snap->policies().size() << " policies";
+  }
+
+  // Identities: mounted certificates, or the built-in CA.
+  std::shared_ptr<identity::CertificateIssuer> issuer;
+  if (!cfg.certs_dir.empty()) {
+    auto files = identity::FileCertificates::create(cfg.certs_dir);
+    if (!files) return fail("certificates in " + cfg.certs_dir + ": " + files.error().message);
+    issuer = *files;
+    SM_INFO("main") << "identities: certificates mounted in " << cfg.certs_dir;
+  } else {
+    auto ca = identity::BuiltinCa::load_or_create(cfg.state_dir, cfg.trust_domain);
+    if (!ca) return fail("built-in CA in " + cfg.state_dir + ": " + ca.error().message);
+    issuer = *ca;
+    SM_INFO("main") << "identities: built-in CA, root kept in " << cfg.state_dir;
+  }
+  identity::CertificateCache certificates(issuer);
+  certificates.start_background_renewal(std::chrono::seconds(10));
+  auto roots = certificates.roots();
+  if (!roots || roots->empty()) return fail("no trust roots available");
+  std::shared_ptr<tls::MeshTls> tls;
+  try {
+    tls = std::make_shared<tls::MeshTls>(cfg.trust_domain, *roots);
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+
+  observe::Registry metrics;
+  proxy::Proxy proxy(cfg, store,
+                     [&certificates](const std::string& id) { return certificates.lookup(id); },
+                     tls, metrics);
+  if (auto err = proxy.start()) return fail(*err);
+
+  app::AdminSources sources{&proxy, &store, &certificates, &metrics, cfg.node_name,
+                            config_source};
+  std::vector<std::unique_ptr<observe::HttpServer>> servers;
+  std::optional<std::string> admin_err;
+  std::promise<void> admin_up;
+  boost::asio::post(proxy.control(), [&] {
+    auto add = [&](const std::optional<Endpoint>& at, const char* name, auto install) {
+      if (!at || admin_err) return;
+      auto s = std::make_unique<observe::HttpServer>(proxy.control(), name);
+      install(*s, sources);
+      if (auto e = s->listen(*at)) {
+        admin_err = e;
+        return;
+      }
+      servers.push_back(std::move(s));
+    };
+    add(cfg.admin, "admin", app::add_admin_routes);
+    add(cfg.metrics, "metrics", app::add_metrics_routes);
+    add(cfg.readiness, "readiness", app::add_readiness_routes);
+    admin_up.set_value();
+  });
+  admin_up.get_future().wait();
+  if (admin_err) {
+    proxy.stop();
+    return fail(*admin_err);
+  }
+  SM_INFO("main") << "sockmesh-proxy ready";
+
+  boost::asio::io_context signals_io;
+  boost::asio::signal_set signals(signals_io, SIGTERM, SIGINT);
+  int received = 0;
+  signals.async_wait([&](const boost::system::error_code&, int sig) { received = sig; });
+  signals_io.run();
+  SM_INFO("main") << "signal " << received << " received: draining for up to "
+                  << cfg.drain_timeout.count() << " ms";
+  if (watcher) watcher->stop();
+  certificates.stop_background_renewal();
+  proxy.drain(cfg.drain_timeout);
+  servers.clear();
+  SM_INFO("main") << "sockmesh-proxy stopped";
+  return 0;
+}

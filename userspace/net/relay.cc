@@ -1,0 +1,77 @@
+#include "net/relay.h"
+
+#include <boost/asio/write.hpp>
+
+#include "net/sockets.h"
+
+namespace sockmesh::net {
+
+TcpRelay::TcpRelay(Tcp::socket a, Tcp::socket b, size_t buffer_bytes)
+    : a_(std::move(a)),
+      b_(std::move(b)),
+      ab_{&a_, &b_, std::vector<uint8_t>(buffer_bytes)},
+      ba_{&b_, &a_, std::vector<uint8_t>(buffer_bytes)} {}
+
+void TcpRelay::start(Done done, Progress progress) {
+  done_ = std::move(done);
+  progress_ = std::move(progress);
+  pump(ab_, true);
+  pump(ba_, false);
+}
+
+void TcpRelay::pump(Direction& d, bool a_to_b) {
+  d.from->async_read_some(
+      boost::asio::buffer(d.buffer),
+      [self = shared_from_this(), &d, a_to_b](const boost::system::error_code& ec, size_t n) {
+        if (self->finished_) return;
+        if (ec == boost::asio::error::eof) {
+          self->finish_direction(d);
+          return;
+        }
+        if (ec) {
+          self->fail("read: " + ec.message());
+          return;
+        }
+        boost::asio::async_write(
+            *d.to, boost::asio::buffer(d.buffer.data(), n),
+            [self, &d, a_to_b](const boost::system::error_code& wec, size_t written) {
+              if (self->finished_) return;
+              if (wec) {
+                self->fail("write: " + wec.message());
+                return;
+              }
+              d.bytes += written;
+              if (self->progress_) self->progress_(a_to_b, written);
+              self->pump(d, a_to_b);
+            });
+      });
+}
+
+void TcpRelay::finish_direction(Direction& d) {
+  d.done = true;
+  boost::system::error_code ec;
+  d.to->shutdown(Tcp::socket::shutdown_send, ec);
+  maybe_done();
+}
+
+void TcpRelay::maybe_done() {
+  if (finished_ || !ab_.done || !ba_.done) return;
+  finished_ = true;
+  boost::system::error_code ec;
+  a_.close(ec);
+  b_.close(ec);
+  if (done_) done_(Result{ab_.bytes, ba_.bytes, error_});
+}
+
+void TcpRelay::fail(const std::string& error) {
+  if (finished_) return;
+  error_ = error;
+  close_with_reset(a_);
+  close_with_reset(b_);
+  finished_ = true;
+  if (done_) done_(Result{ab_.bytes, ba_.bytes, error_});
+}
+
+void TcpRelay::abort(const std::string& reason) { fail(reason); }
+
+}  // namespace sockmesh::net

@@ -1,0 +1,51 @@
+#pragma once
+// Copies bytes both ways between two TCP sockets until both directions have ended. A FIN on one
+// side becomes a FIN on the other (half-close is kept); an error or reset on either side resets
+// both, so that neither application waits for bytes that will never come.
+#include <boost/asio/ip/tcp.hpp>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace sockmesh::net {
+
+class TcpRelay : public std::enable_shared_from_this<TcpRelay> {
+ public:
+  using Tcp = boost::asio::ip::tcp;
+  struct Result {
+    uint64_t bytes_a_to_b = 0;
+    uint64_t bytes_b_to_a = 0;
+    std::string error;  // empty when both sides ended cleanly
+  };
+  using Done = std::function<void(const Result&)>;
+  // Called after each chunk: (a_to_b, bytes).
+  using Progress = std::function<void(bool a_to_b, size_t bytes)>;
+
+  TcpRelay(Tcp::socket a, Tcp::socket b, size_t buffer_bytes = 128 * 1024);
+  void start(Done done, Progress progress = nullptr);
+  // Resets both sides now (e.g. policy revoked the connection).
+  void abort(const std::string& reason);
+
+ private:
+  struct Direction {
+    Tcp::socket* from;
+    Tcp::socket* to;
+    std::vector<uint8_t> buffer;
+    uint64_t bytes = 0;
+    bool done = false;
+  };
+  void pump(Direction& d, bool a_to_b);
+  void finish_direction(Direction& d);
+  void fail(const std::string& error);
+  void maybe_done();
+
+  Tcp::socket a_, b_;
+  Direction ab_, ba_;
+  Done done_;
+  Progress progress_;
+  std::string error_;
+  bool finished_ = false;
+};
+
+}  // namespace sockmesh::net

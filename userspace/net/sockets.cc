@@ -1,0 +1,143 @@
+#include "net/sockets.h"
+
+#include <linux/netfilter_ipv4.h>
+#include <linux/netfilter_ipv6/ip6_tables.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace sockmesh::net {
+namespace {
+
+std::string errno_text(const char* what) {
+  return std::string(what) + ": " + std::strerror(errno);
+}
+
+bool set_transparent(int fd, bool v6) {
+  int one = 1;
+  if (v6) return setsockopt(fd, SOL_IPV6, IPV6_TRANSPARENT, &one, sizeof one) == 0;
+  return setsockopt(fd, SOL_IP, IP_TRANSPARENT, &one, sizeof one) == 0;
+}
+
+}  // namespace
+
+Tcp::endpoint to_asio(const Endpoint& e) {
+  sockaddr_storage ss{};
+  e.to_sockaddr(&ss);
+  Tcp::endpoint out;
+  std::memcpy(out.data(), &ss, e.ip.is_v4() ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+  return out;
+}
+
+Endpoint from_asio(const Tcp::endpoint& e) {
+  auto ep = Endpoint::from_sockaddr(e.data());
+  return ep ? *ep : Endpoint{};
+}
+
+std::optional<std::string> listen(Tcp::acceptor& acceptor, const Endpoint& at,
+                                  const ListenOptions& options) {
+  boost::system::error_code ec;
+  auto ep = to_asio(at);
+  acceptor.open(ep.protocol(), ec);
+  if (ec) return "socket: " + ec.message();
+  acceptor.set_option(Tcp::acceptor::reuse_address(true), ec);
+  int fd = acceptor.native_handle();
+  if (options.reuse_port) {
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+  }
+  if (options.transparent && !set_transparent(fd, !at.ip.is_v4())) {
+    auto err = errno_text("IP_TRANSPARENT (needs CAP_NET_ADMIN)");
+    acceptor.close(ec);
+    return err;
+  }
+  if (options.mark != 0 &&
+      setsockopt(fd, SOL_SOCKET, SO_MARK, &options.mark, sizeof options.mark) != 0) {
+    auto err = errno_text("SO_MARK (needs CAP_NET_ADMIN)");
+    acceptor.close(ec);
+    return err;
+  }
+  acceptor.bind(ep, ec);
+  if (ec) {
+    acceptor.close(ec);
+    return "bind " + at.to_string() + ": " + std::strerror(errno);
+  }
+  acceptor.listen(options.backlog, ec);
+  if (ec) return "listen " + at.to_string() + ": " + ec.message();
+  return std::nullopt;
+}
+
+std::optional<Endpoint> original_destination(Tcp::socket& socket) {
+  int fd = socket.native_handle();
+  sockaddr_storage local{};
+  socklen_t len = sizeof local;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) return std::nullopt;
+  sockaddr_storage orig{};
+  len = sizeof orig;
+  if (local.ss_family == AF_INET &&
+      getsockopt(fd, SOL_IP, SO_ORIGINAL_DST, &orig, &len) == 0) {
+    return Endpoint::from_sockaddr(reinterpret_cast<sockaddr*>(&orig));
+  }
+  len = sizeof orig;
+  if (local.ss_family == AF_INET6 &&
+      getsockopt(fd, SOL_IPV6, IP6T_SO_ORIGINAL_DST, &orig, &len) == 0) {
+    return Endpoint::from_sockaddr(reinterpret_cast<sockaddr*>(&orig));
+  }
+  return Endpoint::from_sockaddr(reinterpret_cast<sockaddr*>(&local));
+}
+
+std::optional<std::string> prepare_dial(Tcp::socket& socket, const Endpoint& destination,
+                                        const DialOptions& options, bool* source_kept) {
+  if (source_kept != nullptr) *source_kept = false;
+  boost::system::error_code ec;
+  auto ep = to_asio(destination);
+  socket.open(ep.protocol(), ec);
+  if (ec) return "socket: " + ec.message();
+  int fd = socket.native_handle();
+  if (options.mark != 0 &&
+      setsockopt(fd, SOL_SOCKET, SO_MARK, &options.mark, sizeof options.mark) != 0) {
+    return errno_text("SO_MARK (needs CAP_NET_ADMIN)");
+  }
+  if (options.source && options.source->is_v4() == destination.ip.is_v4()) {
+    Endpoint src{*options.source, 0};
+    auto sep = to_asio(src);
+    // Let the kernel pick the port at connect() time, so that the same source can reach many
+    // destinations without exhausting ephemeral ports.
+    int one = 1;
+    setsockopt(fd, SOL_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
+    socket.bind(sep, ec);
+    if (ec == boost::system::errc::address_not_available) {
+      // Not a local address: only a transparent socket may use it.
+      if (set_transparent(fd, !src.ip.is_v4())) socket.bind(sep, ec);
+    }
+    if (!ec && source_kept != nullptr) *source_kept = true;
+    if (ec) {
+      // Keep going without the source address; the caller logs that it was not kept.
+      socket.close(ec);
+      socket.open(ep.protocol(), ec);
+      if (ec) return "socket: " + ec.message();
+      fd = socket.native_handle();
+      if (options.mark != 0) setsockopt(fd, SOL_SOCKET, SO_MARK, &options.mark, sizeof options.mark);
+    }
+  }
+  set_nodelay(socket);
+  return std::nullopt;
+}
+
+void close_with_reset(Tcp::socket& socket) {
+  if (!socket.is_open()) return;
+  linger l{1, 0};
+  setsockopt(socket.native_handle(), SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  boost::system::error_code ec;
+  socket.close(ec);
+}
+
+void set_nodelay(Tcp::socket& socket) {
+  boost::system::error_code ec;
+  socket.set_option(Tcp::no_delay(true), ec);
+}
+
+}  // namespace sockmesh::net

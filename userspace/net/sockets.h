@@ -1,0 +1,48 @@
+#pragma once
+// Socket set-up that Asio does not cover: transparent sockets, marks, original destinations,
+// source-address binding and abortive close.
+#include <boost/asio/ip/tcp.hpp>
+#include <optional>
+#include <string>
+
+#include "base/ip_address.h"
+
+namespace sockmesh::net {
+
+using Tcp = boost::asio::ip::tcp;
+
+Tcp::endpoint to_asio(const Endpoint& e);
+Endpoint from_asio(const Tcp::endpoint& e);
+
+struct ListenOptions {
+  bool transparent = false;  // IP_TRANSPARENT: accept connections to non-local addresses
+  bool reuse_port = false;
+  uint32_t mark = 0;  // SO_MARK on the listener (inherited by accepted sockets)
+  int backlog = 1024;
+};
+
+// Opens, binds and listens. Returns an error message on failure (e.g. missing CAP_NET_ADMIN).
+std::optional<std::string> listen(Tcp::acceptor& acceptor, const Endpoint& at,
+                                  const ListenOptions& options);
+
+// The destination the client dialled. For a transparent (tc/TPROXY) socket that is the local
+// address; for an iptables REDIRECT it is SO_ORIGINAL_DST.
+std::optional<Endpoint> original_destination(Tcp::socket& socket);
+
+struct DialOptions {
+  std::optional<IpAddress> source;  // bind to this address first (source IP preservation)
+  uint32_t mark = 0;                // SO_MARK, so that capture skips the proxy's own sockets
+};
+
+// Opens the socket and prepares it for connect(): mark, then bind to the source address. A
+// non-local source needs IP_TRANSPARENT; if that is refused the socket is left unbound and
+// *source_kept is false.
+std::optional<std::string> prepare_dial(Tcp::socket& socket, const Endpoint& destination,
+                                        const DialOptions& options, bool* source_kept);
+
+// Closes with RST instead of FIN, so that the peer sees a reset rather than a clean end.
+void close_with_reset(Tcp::socket& socket);
+
+void set_nodelay(Tcp::socket& socket);
+
+}  // namespace sockmesh::net

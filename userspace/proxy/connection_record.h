@@ -1,0 +1,48 @@
+#pragma once
+// The bookkeeping every proxied connection carries, whatever its role: counted as active (drain
+// waits for it), metrics opened/closed with Istio's labels, byte counts, registration for policy
+// re-checks, and one access-log line at the end.
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "observe/access_log.h"
+#include "observe/metrics.h"
+#include "proxy/labels.h"
+#include "proxy/worker.h"
+
+namespace sockmesh::proxy {
+
+struct ProxyContext;
+
+class ConnectionRecord {
+ public:
+  ConnectionRecord(ProxyContext& ctx, Worker& worker, std::string direction);
+  ~ConnectionRecord();
+  ConnectionRecord(const ConnectionRecord&) = delete;
+  ConnectionRecord& operator=(const ConnectionRecord&) = delete;
+
+  observe::AccessRecord& access() { return access_; }
+  // Who is talking to whom; opens the metrics series. Call once.
+  void identify(observe::Reporter reporter, const ConnectionView& view);
+  // Registers for policy re-checks; untracked on finish.
+  void track(const std::string& destination_uid, const policy::ConnectionFacts& facts,
+             std::function<void(const std::string&)> abort);
+  void add_sent(uint64_t n);      // towards the destination
+  void add_received(uint64_t n);  // from the destination
+  // Ends the record: metrics closed, access log written. Later calls do nothing.
+  void finish(const std::string& error,
+              observe::ResponseFlags flags = observe::ResponseFlags::kNone);
+  bool finished() const { return finished_; }
+
+ private:
+  ProxyContext& ctx_;
+  Worker& worker_;
+  ActiveGuard active_;
+  observe::AccessRecord access_;
+  observe::ConnectionMetrics metrics_;
+  std::optional<uint64_t> tracked_;
+  bool finished_ = false;
+};
+
+}  // namespace sockmesh::proxy

@@ -1,0 +1,46 @@
+#pragma once
+// What every role of the proxy shares: settings, the mesh state, certificates, TLS contexts,
+// metrics and the worker threads. Members are either immutable after start-up or thread-safe.
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "identity/certificate.h"
+#include "observe/metrics.h"
+#include "proxy/proxy_config.h"
+#include "proxy/worker.h"
+#include "state/store.h"
+#include "tls/mesh_tls.h"
+
+namespace sockmesh::proxy {
+
+// Finds the local workload that owns an IP: the mesh state's view, optionally overridden by the
+// node's BPF workload map (which knows which pods are enrolled here).
+using LocalWorkloadLookup =
+    std::function<const state::Workload*(const state::Snapshot&, const IpAddress&)>;
+// The certificate to present for an identity (issued or loaded on demand, cached).
+using CertificateSource =
+    std::function<identity::Result<identity::CertifiedKeyPtr>(const std::string& spiffe_id)>;
+
+struct ProxyContext {
+  ProxyConfig config;
+  state::StateStore* store = nullptr;
+  std::shared_ptr<tls::MeshTls> tls;
+  CertificateSource certificate_for;
+  LocalWorkloadLookup local_workload;
+  observe::Registry* metrics = nullptr;
+  std::vector<std::unique_ptr<Worker>> workers;
+  std::atomic<uint64_t> next_worker{0};
+  std::atomic<bool> draining{false};
+
+  Worker& pick_worker() {
+    return *workers[next_worker.fetch_add(1, std::memory_order_relaxed) % workers.size()];
+  }
+  // The default lookup: a workload in the snapshot whose node is this proxy's node.
+  const state::Workload* find_local(const state::Snapshot& snap, const IpAddress& ip) const;
+  bool is_proxy_port(uint16_t port) const;
+};
+
+}  // namespace sockmesh::proxy

@@ -1,0 +1,274 @@
+#include "proxy/outbound.h"
+
+#include <atomic>
+
+#include "base/log.h"
+#include "net/relay.h"
+#include "net/sockets.h"
+#include "proxy/connection_record.h"
+#include "proxy/context.h"
+#include "proxy/dial.h"
+#include "proxy/pool.h"
+#include "proxy/tunnel_relay.h"
+
+namespace sockmesh::proxy {
+namespace {
+
+using Tcp = boost::asio::ip::tcp;
+using observe::ResponseFlags;
+
+// Where a connection goes once the VIP (if any) is resolved.
+struct Route {
+  const state::Workload* workload = nullptr;  // null: outside the mesh
+  const state::Service* service = nullptr;
+  Endpoint target;  // workload IP (or original address) and target port
+  std::string error;
+};
+
+// Round robin per service, shared by the workers (one relaxed increment per new connection).
+std::atomic<uint64_t>& rr_counter(const std::string& key) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::unique_ptr<std::atomic<uint64_t>>> counters;
+  std::lock_guard lock(mu);
+  auto& c = counters[key];
+  if (!c) c = std::make_unique<std::atomic<uint64_t>>(0);
+  return *c;
+}
+
+std::optional<IpAddress> address_like(const state::Workload& w, const IpAddress& want_family) {
+  for (const auto& ip : w.ips) {
+    if (ip.is_v4() == want_family.is_v4()) return ip;
+  }
+  return std::nullopt;
+}
+
+Route resolve(const state::Snapshot& snap, const Endpoint& dst) {
+  Route r;
+  if (const state::Service* svc = snap.service_by_vip(dst.ip)) {
+    r.service = svc;
+    auto port_it = svc->ports.find(dst.port);
+    if (port_it == svc->ports.end()) {
+      r.error = "service " + svc->hostname + " has no port " + std::to_string(dst.port);
+      return r;
+    }
+    std::vector<std::pair<const state::Workload*, IpAddress>> ready;
+    for (const state::Workload* w : snap.endpoints_of(*svc)) {
+      if (auto ip = address_like(*w, dst.ip)) ready.emplace_back(w, *ip);
+    }
+    if (ready.empty()) {
+      r.error = "service " + svc->hostname + " has no endpoints";
+      return r;
+    }
+    auto n = rr_counter(svc->key()).fetch_add(1, std::memory_order_relaxed);
+    auto& [w, ip] = ready[n % ready.size()];
+    uint16_t target_port = port_it->second == 0 ? dst.port : port_it->second;
+    // The workload's own port map for this service wins over the service's.
+    auto ws = w->services.find(svc->key());
+    if (ws != w->services.end()) {
+      auto p = ws->second.find(dst.port);
+      if (p != ws->second.end() && p->second != 0) target_port = p->second;
+    }
+    r.workload = w;
+    r.target = Endpoint{ip, target_port};
+    return r;
+  }
+  r.workload = snap.workload_by_ip(dst.ip);
+  r.target = dst;
+  return r;
+}
+
+std::string baggage_of(const state::Workload& w) {
+  std::string b = "k8s.cluster.name=" + w.cluster_id + ",k8s.namespace.name=" + w.namespace_name;
+  std::string wname = w.workload_name.empty() ? w.name : w.workload_name;
+  b += ",k8s.deployment.name=" + wname;
+  b += ",service.name=" + (w.canonical_name.empty() ? wname : w.canonical_name);
+  b += ",service.version=" + (w.canonical_revision.empty() ? "latest" : w.canonical_revision);
+  return b;
+}
+
+void fail_client(const Outbound::ClientSocket& client, const Outbound::Ready& ready,
+                 const OutboundOutcome& outcome) {
+  if (ready) {
+    ready(outcome, client, [] {});
+  } else {
+    net::close_with_reset(*client);
+  }
+}
+
+}  // namespace
+
+void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client_addr,
+                      const Endpoint& original_destination, Ready ready) {
+  auto& ctx = ctx_;
+  auto record = std::make_shared<ConnectionRecord>(ctx, worker, "outbound");
+  auto& access = record->access();
+  access.src_addr = client_addr.to_string();
+  access.dst_addr = original_destination.to_string();
+  auto snap = ctx.store->get();
+  ConnectionView view;
+  view.source = ctx.local_workload(*snap, client_addr.ip);
+
+  auto client_ptr = std::make_shared<Tcp::socket>(std::move(client));
+  auto fail = [&](OutboundOutcome o) {
+    SM_INFO("outbound") << "connection from " << client_addr.to_string() << " to "
+                        << original_destination.to_string() << " failed: " << o.error;
+    record->identify(observe::Reporter::kSource, view);
+    record->finish(o.error, o.flags);
+    fail_client(client_ptr, ready, o);
+  };
+
+  if (view.source == nullptr) {
+    fail({false, "source " + client_addr.ip.to_string() + " is not a workload on this node",
+          ResponseFlags::kConnectionFailure});
+    return;
+  }
+  view.source_principal = view.source->identity();
+  if (ctx.is_proxy_port(original_destination.port) &&
+      ctx.local_workload(*snap, original_destination.ip) != nullptr) {
+    fail({false, "destination is the proxy itself", ResponseFlags::kConnectionFailure});
+    return;
+  }
+  Route route = resolve(*snap, original_destination);
+  view.service = route.service;
+  view.destination = route.workload;
+  if (!route.error.empty()) {
+    fail({false, route.error, ResponseFlags::kConnectionFailure, false, true});
+    return;
+  }
+  access.dst_addr = route.target.to_string();
+
+  bool hbone = route.workload != nullptr && route.workload->protocol == state::Protocol::kHbone;
+  if (!hbone) {
+    // Passthrough: outside the mesh, or a workload that does not speak HBONE.
+    if (route.workload != nullptr) view.destination_principal = route.workload->identity();
+    record->identify(observe::Reporter::kSource, view);
+    net::DialOptions opts;
+    if (ctx.config.preserve_source_ip) opts.source = client_addr.ip;
+    opts.mark = ctx.config.mark;
+    dial(worker.io(), route.target, opts, ctx.config.connect_timeout,
+         [record, client_ptr, ready](DialResult r, Tcp::socket upstream) {
+           if (!r.ok) {
+             OutboundOutcome o{false, r.error, ResponseFlags::kConnectionFailure, false, true};
+             record->finish(r.error, o.flags);
+             fail_client(client_ptr, ready, o);
+             return;
+           }
+           auto start = [record, client_ptr, up = std::make_shared<Tcp::socket>(
+                                                 std::move(upstream))]() mutable {
+             auto relay = std::make_shared<net::TcpRelay>(std::move(*client_ptr), std::move(*up));
+             relay->start(
+                 [record](const net::TcpRelay::Result& res) {
+                   record->finish(res.error, res.error.empty()
+                                                 ? ResponseFlags::kNone
+                                                 : ResponseFlags::kConnectionFailure);
+                 },
+                 [record](bool a_to_b, size_t n) {
+                   if (a_to_b) {
+                     record->add_sent(n);
+                   } else {
+                     record->add_received(n);
+                   }
+                 });
+           };
+           if (ready) {
+             ready(OutboundOutcome{true}, client_ptr, start);
+           } else {
+             start();
+           }
+         });
+    return;
+  }
+
+  // HBONE tunnel to the destination workload's node.
+  const state::Workload& dst = *route.workload;
+  view.destination_principal = dst.identity();
+  view.mutual_tls = true;
+  record->identify(observe::Reporter::kSource, view);
+  access.dst_hbone_addr = Endpoint{route.target.ip, ctx.config.hbone_port}.to_string();
+
+  PoolKey key{view.source->identity(), client_addr.ip, dst.identity(),
+              Endpoint{route.target.ip, ctx.config.hbone_port}};
+  std::vector<std::string> expected{dst.identity()};
+  if (route.service != nullptr) {
+    for (const auto& san : route.service->subject_alt_names) expected.push_back(san);
+  }
+  std::string authority = route.target.to_string();
+  h2::HeaderList headers{{"forwarded", "for=\"" + client_addr.to_string() + "\""},
+                         {"baggage", baggage_of(*view.source)}};
+  worker.pool().acquire(
+      key, std::move(expected),
+      [record, client_ptr, ready, authority, headers](std::shared_ptr<h2::H2Connection> conn,
+                                                      const HbonePool::Failure* failure) {
+        if (failure != nullptr) {
+          OutboundOutcome o{false, failure->reason, failure->flag, false, true};
+          record->finish(o.error, o.flags);
+          fail_client(client_ptr, ready, o);
+          return;
+        }
+        auto responded = std::make_shared<bool>(false);
+        auto stream_holder = std::make_shared<std::shared_ptr<h2::H2Stream>>();
+        h2::H2Stream::Handlers h;
+        h.on_response = [record, client_ptr, ready, stream_holder, responded, authority](
+                            int status, const h2::HeaderList& resp) {
+          *responded = true;
+          auto stream = *stream_holder;
+          if (status != 200) {
+            std::string reason;
+            for (const auto& hd : resp) {
+              if (hd.name == "sockmesh-error") reason = hd.value;
+            }
+            OutboundOutcome o{false,
+                              "CONNECT " + authority + " answered " + std::to_string(status) +
+                                  (reason.empty() ? "" : ": " + reason),
+                              status == 403 ? ResponseFlags::kAuthorizationPolicyDenied
+                                            : ResponseFlags::kConnectionFailure,
+                              status == 403, status == 503 || status == 504 || status == 404};
+            SM_INFO("outbound") << o.error;
+            record->finish(o.error, o.flags);
+            fail_client(client_ptr, ready, o);
+            return;
+          }
+          auto relay = std::make_shared<TunnelRelay>(client_ptr, stream);
+          relay->attach();  // nothing the server sends is lost while SOCKS5 answers its client
+          auto start = [record, relay] {
+            relay->start(
+                [record](const TunnelRelay::Result& res) {
+                  record->finish(res.error, res.error.empty() ? ResponseFlags::kNone
+                                                              : ResponseFlags::kConnectionFailure);
+                },
+                [record](bool to_stream, size_t n) {
+                  if (to_stream) {
+                    record->add_sent(n);
+                  } else {
+                    record->add_received(n);
+                  }
+                });
+          };
+          if (ready) {
+            ready(OutboundOutcome{true}, client_ptr, start);
+          } else {
+            start();
+          }
+        };
+        h.on_close = [record, client_ptr, ready, responded](uint32_t code) {
+          if (*responded) return;  // the relay owns the stream by now
+          OutboundOutcome o{false,
+                            std::string("tunnel closed before a response: ") +
+                                h2::error_code_name(code),
+                            ResponseFlags::kConnectionFailure, false, true};
+          record->finish(o.error, o.flags);
+          fail_client(client_ptr, ready, o);
+        };
+        auto stream = conn->open_connect(authority, headers, std::move(h));
+        if (!stream) {
+          OutboundOutcome o{false, "HBONE connection refused a new stream",
+                            ResponseFlags::kConnectionFailure, false, true};
+          record->finish(o.error, o.flags);
+          fail_client(client_ptr, ready, o);
+          return;
+        }
+        *stream_holder = stream;
+      });
+}
+
+}  // namespace sockmesh::proxy

@@ -1,0 +1,275 @@
+#include "proxy/proxy.h"
+
+#include <boost/asio/post.hpp>
+#include <future>
+#include <set>
+
+#include "base/log.h"
+#include "proxy/pool.h"
+
+namespace sockmesh::proxy {
+
+using Tcp = boost::asio::ip::tcp;
+
+int ProxyConfig::effective_workers() const {
+  if (workers > 0) return workers;
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  return std::max(2, static_cast<int>(cores / 4));
+}
+
+const state::Workload* ProxyContext::find_local(const state::Snapshot& snap,
+                                                const IpAddress& ip) const {
+  const state::Workload* w = snap.workload_by_ip(ip);
+  if (w == nullptr || w->node != config.node_name) return nullptr;
+  return w;
+}
+
+bool ProxyContext::is_proxy_port(uint16_t port) const {
+  return port == kOutboundPort || port == kInboundPlaintextPort || port == config.hbone_port ||
+         port == kHbonePort || port == kSocks5Port;
+}
+
+Proxy::Proxy(ProxyConfig config, state::StateStore& store, CertificateSource certificates,
+             std::shared_ptr<tls::MeshTls> tls, observe::Registry& metrics)
+    : inbound_(ctx_), inbound_plaintext_(ctx_), outbound_(ctx_), socks5_(ctx_, outbound_) {
+  ctx_.config = std::move(config);
+  ctx_.store = &store;
+  ctx_.tls = std::move(tls);
+  ctx_.certificate_for = std::move(certificates);
+  ctx_.metrics = &metrics;
+  ctx_.local_workload = [this](const state::Snapshot& s, const IpAddress& ip) {
+    return ctx_.find_local(s, ip);
+  };
+  int n = ctx_.config.effective_workers();
+  for (int i = 0; i < n; ++i) {
+    auto w = std::make_unique<Worker>(i);
+    w->set_pool(std::make_unique<HbonePool>(ctx_, *w));
+    ctx_.workers.push_back(std::move(w));
+  }
+}
+
+Proxy::~Proxy() { stop(); }
+
+void Proxy::set_local_workload_lookup(LocalWorkloadLookup lookup) {
+  ctx_.local_workload = std::move(lookup);
+}
+
+std::optional<std::string> Proxy::open(const std::string& role, const Endpoint& at,
+                                       const net::ListenOptions& options,
+                                       std::function<void(Worker&, Tcp::socket)> handler) {
+  auto l = std::make_unique<Listener>(control_);
+  l->role = role;
+  l->handler = std::move(handler);
+  if (auto err = net::listen(l->acceptor, at, options)) {
+    return role + " listener on " + at.to_string() + ": " + *err;
+  }
+  boost::system::error_code ec;
+  l->at = net::from_asio(l->acceptor.local_endpoint(ec));
+  SM_INFO("proxy") << "listening: " << role << " on " << l->at.to_string()
+                   << (options.transparent ? " (transparent)" : "");
+  auto* raw = l.get();
+  listeners_[role + "/" + at.to_string()] = std::move(l);
+  accept_loop(*raw);
+  return std::nullopt;
+}
+
+void Proxy::accept_loop(Listener& l) {
+  Worker& w = ctx_.pick_worker();
+  l.acceptor.async_accept(w.io(), [this, &l, &w](const boost::system::error_code& ec,
+                                                 Tcp::socket socket) {
+    if (ec == boost::asio::error::operation_aborted || !l.acceptor.is_open()) return;
+    if (ec) {
+      // Out of descriptors or memory: say so, wait a little, and keep serving.
+      SM_WARN("proxy") << l.role << " accept on " << l.at.to_string() << " failed: "
+                       << ec.message();
+      l.backoff.expires_after(std::chrono::milliseconds(100));
+      l.backoff.async_wait([this, &l](const boost::system::error_code& e) {
+        if (!e) accept_loop(l);
+      });
+      return;
+    }
+    boost::asio::post(w.io(), [&w, handler = l.handler, s = std::move(socket)]() mutable {
+      handler(w, std::move(s));
+    });
+    accept_loop(l);
+  });
+}
+
+std::optional<std::string> Proxy::start() {
+  for (auto& w : ctx_.workers) w->start();
+  guard_ = std::make_unique<
+      boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(
+      control_.get_executor());
+  control_thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "sm-control");
+    control_.run();
+  });
+  auto opened = std::make_shared<std::promise<std::optional<std::string>>>();
+  auto result = opened->get_future();
+  boost::asio::post(control_, [this, opened] {
+    const auto& c = ctx_.config;
+    net::ListenOptions plain;
+    net::ListenOptions transparent;
+    transparent.transparent = true;
+    transparent.mark = c.mark;
+    std::optional<std::string> err;
+    if (!err && c.socks5) {
+      err = open("socks5", *c.socks5, plain,
+                 [this](Worker& w, Tcp::socket s) { socks5_.handle(w, std::move(s)); });
+    }
+    if (!err && c.outbound) {
+      err = open("outbound", *c.outbound, transparent, [this](Worker& w, Tcp::socket s) {
+        boost::system::error_code ec;
+        auto peer = s.remote_endpoint(ec);
+        auto dst = net::original_destination(s);
+        if (ec || !dst) return;
+        outbound_.handle(w, std::move(s), net::from_asio(peer), *dst);
+      });
+    }
+    if (!err && c.inbound_plaintext) {
+      err = open("inbound_plaintext", *c.inbound_plaintext, transparent,
+                 [this](Worker& w, Tcp::socket s) { inbound_plaintext_.handle(w, std::move(s)); });
+    }
+    if (!err && c.hbone_listen) {
+      err = open("hbone", *c.hbone_listen, plain,
+                 [this](Worker& w, Tcp::socket s) { inbound_.handle(w, std::move(s)); });
+    }
+    if (!err && !c.hbone_listen) reconcile_hbone_listeners();
+    opened->set_value(err);
+  });
+  auto err = result.get();
+  if (err) return err;
+  ctx_.store->subscribe([this](const state::SnapshotPtr&, const state::SnapshotPtr& next) {
+    if (stopped_) return;
+    if (!ctx_.config.hbone_listen) {
+      boost::asio::post(control_, [this] { reconcile_hbone_listeners(); });
+    }
+    recheck_policies(next);
+  });
+  ready_ = true;
+  return std::nullopt;
+}
+
+void Proxy::reconcile_hbone_listeners() {
+  if (ctx_.draining) return;
+  auto snap = ctx_.store->get();
+  std::set<std::string> wanted;
+  for (const auto& w : snap->workloads()) {
+    if (w.node != ctx_.config.node_name) continue;
+    for (const auto& ip : w.ips) {
+      Endpoint at{ip, ctx_.config.hbone_port};
+      std::string key = "hbone/" + at.to_string();
+      wanted.insert(key);
+      if (listeners_.count(key) != 0) continue;
+      if (auto err = open("hbone", at, net::ListenOptions{},
+                          [this](Worker& wk, Tcp::socket s) { inbound_.handle(wk, std::move(s)); })) {
+        SM_ERROR("proxy") << *err;
+      }
+    }
+  }
+  for (auto it = listeners_.begin(); it != listeners_.end();) {
+    if (it->second->role == "hbone" && wanted.count(it->first) == 0) {
+      SM_INFO("proxy") << "closing hbone listener on " << it->second->at.to_string()
+                       << ": workload left this node";
+      boost::system::error_code ec;
+      it->second->acceptor.close(ec);
+      it = listeners_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Proxy::recheck_policies(const state::SnapshotPtr& snap) {
+  for (auto& w : ctx_.workers) {
+    boost::asio::post(w->io(), [worker = w.get(), snap] {
+      std::vector<std::pair<std::function<void(const std::string&)>, std::string>> revoked;
+      for (auto& [id, live] : worker->live()) {
+        const state::Workload* dst = snap->workload_by_uid(live.destination_uid);
+        if (dst == nullptr) {
+          revoked.emplace_back(live.abort, "destination workload was removed");
+          continue;
+        }
+        auto verdict = policy::authorize(*snap, *dst, live.facts);
+        if (!verdict.allowed) {
+          revoked.emplace_back(live.abort, "policy now denies: " + verdict.reason);
+        }
+      }
+      for (auto& [abort, reason] : revoked) {
+        SM_INFO("policy") << "closing live connection: " << reason;
+        abort(reason);
+      }
+    });
+  }
+}
+
+std::vector<std::pair<std::string, Endpoint>> Proxy::listening() {
+  std::promise<std::vector<std::pair<std::string, Endpoint>>> p;
+  auto f = p.get_future();
+  boost::asio::post(control_, [this, &p] {
+    std::vector<std::pair<std::string, Endpoint>> out;
+    for (auto& [_, l] : listeners_) out.emplace_back(l->role, l->at);
+    p.set_value(std::move(out));
+  });
+  return f.get();
+}
+
+int64_t Proxy::active_connections() {
+  int64_t n = 0;
+  for (auto& w : ctx_.workers) n += w->active().load();
+  return n;
+}
+
+void Proxy::drain(std::chrono::milliseconds deadline) {
+  if (stopped_) return;
+  ctx_.draining = true;
+  ready_ = false;
+  SM_INFO("proxy") << "draining: no new connections; waiting up to " << deadline.count()
+                   << " ms for " << active_connections() << " active connection(s)";
+  std::promise<void> closed;
+  boost::asio::post(control_, [this, &closed] {
+    for (auto& [_, l] : listeners_) {
+      boost::system::error_code ec;
+      l->acceptor.close(ec);
+    }
+    closed.set_value();
+  });
+  closed.get_future().wait();
+  for (auto& w : ctx_.workers) {
+    boost::asio::post(w->io(), [worker = w.get()] {
+      worker->drain_all();
+      worker->pool().shutdown_all();
+    });
+  }
+  auto until = std::chrono::steady_clock::now() + deadline;
+  while (active_connections() > 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  int64_t left = active_connections();
+  if (left > 0) {
+    SM_WARN("proxy") << "drain deadline reached; closing " << left << " connection(s)";
+    for (auto& w : ctx_.workers) {
+      boost::asio::post(w->io(), [worker = w.get()] {
+        std::vector<std::function<void(const std::string&)>> aborts;
+        for (auto& [_, live] : worker->live()) aborts.push_back(live.abort);
+        for (auto& a : aborts) a("proxy shutting down");
+      });
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  } else {
+    SM_INFO("proxy") << "drained: all connections finished";
+  }
+  stop();
+}
+
+void Proxy::stop() {
+  if (stopped_.exchange(true)) return;
+  ready_ = false;
+  guard_.reset();
+  control_.stop();
+  if (control_thread_.joinable()) control_thread_.join();
+  listeners_.clear();
+  for (auto& w : ctx_.workers) w->stop();
+}
+
+}  // namespace sockmesh::proxy

@@ -1,0 +1,77 @@
+#pragma once
+// The proxy as a whole: worker threads, the listeners of each role, policy re-checks when the
+// state changes, and an orderly drain.
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "net/sockets.h"
+#include "proxy/context.h"
+#include "proxy/inbound.h"
+#include "proxy/inbound_plaintext.h"
+#include "proxy/outbound.h"
+#include "proxy/socks5.h"
+
+namespace sockmesh::proxy {
+
+class Proxy {
+ public:
+  Proxy(ProxyConfig config, state::StateStore& store, CertificateSource certificates,
+        std::shared_ptr<tls::MeshTls> tls, observe::Registry& metrics);
+  ~Proxy();
+
+  // Starts workers and opens every configured listener. Returns an error message (and opens
+  // nothing more) if a listener cannot be opened.
+  std::optional<std::string> start();
+  // Stops accepting, lets connections finish for up to `deadline`, then closes what is left.
+  void drain(std::chrono::milliseconds deadline);
+  // Stops everything at once.
+  void stop();
+
+  ProxyContext& context() { return ctx_; }
+  boost::asio::io_context& control() { return control_; }
+  bool ready() const { return ready_.load(); }
+  // Listening addresses by role ("hbone", "socks5", ...), as actually bound.
+  std::vector<std::pair<std::string, Endpoint>> listening();
+  int64_t active_connections();
+
+  // Replace how local workloads are found (e.g. by the node's BPF workload map).
+  void set_local_workload_lookup(LocalWorkloadLookup lookup);
+
+ private:
+  struct Listener {
+    std::string role;
+    Endpoint at;
+    boost::asio::ip::tcp::acceptor acceptor;
+    std::function<void(Worker&, boost::asio::ip::tcp::socket)> handler;
+    boost::asio::steady_timer backoff;
+    Listener(boost::asio::io_context& io) : acceptor(io), backoff(io) {}
+  };
+
+  std::optional<std::string> open(const std::string& role, const Endpoint& at,
+                                  const net::ListenOptions& options,
+                                  std::function<void(Worker&, boost::asio::ip::tcp::socket)> h);
+  void accept_loop(Listener& l);
+  void reconcile_hbone_listeners();
+  void recheck_policies(const state::SnapshotPtr& snap);
+
+  ProxyContext ctx_;
+  InboundHbone inbound_;
+  InboundPlaintext inbound_plaintext_;
+  Outbound outbound_;
+  Socks5 socks5_;
+  boost::asio::io_context control_{1};
+  std::unique_ptr<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> guard_;
+  std::thread control_thread_;
+  std::map<std::string, std::unique_ptr<Listener>> listeners_;  // key: role + address
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> stopped_{false};
+};
+
+}  // namespace sockmesh::proxy

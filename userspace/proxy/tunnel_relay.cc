@@ -1,0 +1,169 @@
+#include "proxy/tunnel_relay.h"
+
+#include <boost/asio/write.hpp>
+
+#include "net/sockets.h"
+
+namespace sockmesh::proxy {
+namespace {
+constexpr size_t kReadChunk = 64 * 1024;
+}
+
+TunnelRelay::TunnelRelay(std::shared_ptr<Tcp::socket> socket,
+                         std::shared_ptr<h2::H2Stream> stream)
+    : socket_holder_(std::move(socket)), socket_(*socket_holder_), stream_(std::move(stream)) {}
+
+void TunnelRelay::start(Done done, Progress progress) {
+  done_ = std::move(done);
+  progress_ = std::move(progress);
+  attach();
+  started_ = true;
+  write_socket();
+  read_socket();
+}
+
+void TunnelRelay::attach() {
+  if (attached_) return;
+  attached_ = true;
+  // The stream holds its handlers, the handlers hold the relay: that keeps the relay alive for
+  // as long as the stream is open, without a cycle once the stream closes.
+  auto self = shared_from_this();
+  h2::H2Stream::Handlers h;
+  h.on_data = [self](const uint8_t* data, size_t len) { self->on_stream_data(data, len); };
+  h.on_end = [self] { self->on_stream_end(); };
+  h.on_close = [self](uint32_t code) { self->on_stream_close(code); };
+  h.on_writable = [self] {
+    if (self->paused_) {
+      self->paused_ = false;
+      self->read_socket();
+    }
+  };
+  stream_->set_handlers(std::move(h));
+}
+
+void TunnelRelay::read_socket() {
+  if (!started_ || finished_ || reading_ || socket_eof_ || paused_) return;
+  reading_ = true;
+  auto buf = std::make_shared<std::vector<uint8_t>>(kReadChunk);
+  socket_.async_read_some(
+      boost::asio::buffer(*buf),
+      [self = shared_from_this(), buf](const boost::system::error_code& ec, size_t n) {
+        self->reading_ = false;
+        if (self->finished_) return;
+        if (ec == boost::asio::error::eof) {
+          self->socket_eof_ = true;
+          self->stream_->finish();
+          self->maybe_finish();
+          return;
+        }
+        if (ec) {
+          self->fail("socket read: " + ec.message(), true);
+          return;
+        }
+        buf->resize(n);
+        self->result_.bytes_to_stream += n;
+        if (self->progress_) self->progress_(true, n);
+        if (!self->stream_->send(std::move(*buf))) {
+          self->fail("tunnel closed while sending", true);
+          return;
+        }
+        if (self->stream_->above_high_watermark()) {
+          self->paused_ = true;  // on_writable resumes
+          return;
+        }
+        self->read_socket();
+      });
+}
+
+void TunnelRelay::on_stream_data(const uint8_t* data, size_t len) {
+  if (finished_) {
+    stream_->consume(len);
+    return;
+  }
+  pending_.emplace_back(data, data + len);
+  write_socket();
+}
+
+void TunnelRelay::write_socket() {
+  if (!started_ || writing_ || finished_) return;
+  if (pending_.empty()) {
+    if (stream_ended_ && !socket_shut_) {
+      socket_shut_ = true;
+      boost::system::error_code ec;
+      socket_.shutdown(Tcp::socket::shutdown_send, ec);
+    }
+    maybe_finish();
+    return;
+  }
+  writing_ = true;
+  // Write everything queued in one gather write.
+  auto batch = std::make_shared<std::deque<std::vector<uint8_t>>>(std::move(pending_));
+  pending_.clear();
+  std::vector<boost::asio::const_buffer> bufs;
+  bufs.reserve(batch->size());
+  for (auto& b : *batch) bufs.emplace_back(b.data(), b.size());
+  boost::asio::async_write(
+      socket_, bufs,
+      [self = shared_from_this(), batch](const boost::system::error_code& ec, size_t n) {
+        self->writing_ = false;
+        if (self->finished_) return;
+        if (ec) {
+          self->fail("socket write: " + ec.message(), true);
+          return;
+        }
+        self->result_.bytes_to_socket += n;
+        if (self->progress_) self->progress_(false, n);
+        self->stream_->consume(n);
+        self->write_socket();
+      });
+}
+
+void TunnelRelay::on_stream_end() {
+  stream_ended_ = true;
+  write_socket();
+}
+
+void TunnelRelay::on_stream_close(uint32_t error_code) {
+  stream_closed_ = true;
+  if (finished_) return;
+  if (error_code != 0) {
+    fail(std::string("tunnel reset: ") + h2::error_code_name(error_code), false);
+    return;
+  }
+  // A clean close means both ends sent END_STREAM; finish once the socket has everything.
+  stream_ended_ = true;
+  write_socket();
+}
+
+void TunnelRelay::maybe_finish() {
+  if (finished_) return;
+  // Done when the peer's data has all been written and shut, and our side has ended too (or the
+  // stream is gone, so nothing more can be sent).
+  bool our_side_done = socket_eof_ || stream_closed_;
+  if (!our_side_done || !stream_ended_ || writing_ || !pending_.empty() || !socket_shut_) return;
+  finished_ = true;
+  boost::system::error_code ec;
+  socket_.close(ec);
+  if (done_) {
+    auto done = std::move(done_);
+    done_ = nullptr;
+    done(result_);
+  }
+}
+
+void TunnelRelay::fail(const std::string& error, bool reset_stream) {
+  if (finished_) return;
+  finished_ = true;
+  result_.error = error;
+  net::close_with_reset(socket_);
+  if (reset_stream && !stream_closed_) stream_->reset(NGHTTP2_CANCEL);
+  if (done_) {
+    auto done = std::move(done_);
+    done_ = nullptr;
+    done(result_);
+  }
+}
+
+void TunnelRelay::abort(const std::string& reason) { fail(reason, true); }
+
+}  // namespace sockmesh::proxy

@@ -1,0 +1,67 @@
+#pragma once
+// Joins an HBONE stream (one CONNECT tunnel) to a TCP socket and copies bytes both ways.
+// Backpressure runs end to end: the socket is not read while the stream's send queue is above its
+// high watermark, and received DATA is acknowledged to the peer (window reopened) only after it
+// has been written to the socket.
+#include <boost/asio/ip/tcp.hpp>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "h2/connection.h"
+
+namespace sockmesh::proxy {
+
+class TunnelRelay : public std::enable_shared_from_this<TunnelRelay> {
+ public:
+  using Tcp = boost::asio::ip::tcp;
+  struct Result {
+    uint64_t bytes_to_stream = 0;  // read from the socket, sent into the tunnel
+    uint64_t bytes_to_socket = 0;  // received from the tunnel, written to the socket
+    std::string error;             // empty when both directions ended cleanly
+  };
+  using Done = std::function<void(const Result&)>;
+  // Progress, for metrics: (to_stream, bytes).
+  using Progress = std::function<void(bool to_stream, size_t bytes)>;
+
+  TunnelRelay(std::shared_ptr<Tcp::socket> socket, std::shared_ptr<h2::H2Stream> stream);
+  // Takes over the stream's events at once; data that arrives before start() is held back.
+  void attach();
+  // Starts moving bytes (attaches first if needed).
+  void start(Done done, Progress progress = nullptr);
+  // Resets both sides now.
+  void abort(const std::string& reason);
+
+ private:
+  void read_socket();
+  void on_stream_data(const uint8_t* data, size_t len);
+  void write_socket();
+  void on_stream_end();
+  void on_stream_close(uint32_t error_code);
+  void maybe_finish();
+  void fail(const std::string& error, bool reset_stream);
+
+  std::shared_ptr<Tcp::socket> socket_holder_;
+  Tcp::socket& socket_;
+  std::shared_ptr<h2::H2Stream> stream_;
+  Done done_;
+  Progress progress_;
+  Result result_;
+  // socket -> stream
+  bool reading_ = false;
+  bool socket_eof_ = false;
+  bool paused_ = false;
+  // stream -> socket
+  std::deque<std::vector<uint8_t>> pending_;
+  bool writing_ = false;
+  bool stream_ended_ = false;
+  bool socket_shut_ = false;
+  bool stream_closed_ = false;
+  bool attached_ = false;
+  bool started_ = false;
+  bool finished_ = false;
+};
+
+}  // namespace sockmesh::proxy
