@@ -111,8 +111,9 @@ void H2Stream::respond(int status, const HeaderList& extra) {
     nghttp2_submit_response(session, id_, nva.data(), nva.size(), &provider);
   } else {
     nghttp2_submit_response(session, id_, nva.data(), nva.size(), nullptr);
-    // The answer is final: tell the client to stop sending on this stream.
-    nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, id_, NGHTTP2_NO_ERROR);
+    // The answer is final: once it is on the wire, tell the client to stop sending (RFC 9113
+    // 8.1). Submitting RST_STREAM now would make nghttp2 drop the queued HEADERS.
+    reset_after_response_ = true;
   }
   connection_->schedule_write();
 }
@@ -173,6 +174,7 @@ nghttp2_session_callbacks* H2Connection::callbacks() {
     nghttp2_session_callbacks_set_on_data_chunk_recv_callback(c, &H2Connection::on_data_chunk);
     nghttp2_session_callbacks_set_on_stream_close_callback(c, &H2Connection::on_stream_close);
     nghttp2_session_callbacks_set_data_source_read_length_callback(c, data_read_length);
+    nghttp2_session_callbacks_set_on_frame_send_callback(c, &H2Connection::on_frame_send);
     return c;
   }();
   return cbs;
@@ -482,6 +484,18 @@ int H2Connection::on_frame_recv(nghttp2_session*, const nghttp2_frame* frame, vo
   if ((frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0 && !stream->closed_) {
     auto on_end = stream->handlers_.on_end;
     if (on_end) on_end();
+  }
+  return 0;
+}
+
+int H2Connection::on_frame_send(nghttp2_session* session, const nghttp2_frame* frame,
+                                void* user) {
+  auto* self = static_cast<H2Connection*>(user);
+  if (frame->hd.type != NGHTTP2_HEADERS) return 0;
+  H2Stream* stream = self->find_stream(frame->hd.stream_id);
+  if (stream != nullptr && stream->reset_after_response_) {
+    stream->reset_after_response_ = false;
+    nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, frame->hd.stream_id, NGHTTP2_NO_ERROR);
   }
   return 0;
 }

@@ -117,6 +117,7 @@ class H2Stream : public std::enable_shared_from_this<H2Stream> {
   bool data_deferred_ = false;
   bool data_provider_attached_ = false;
   bool want_writable_ = false;
+  bool reset_after_response_ = false;
   bool closed_ = false;
 };
 
@@ -170,6 +171,7 @@ class H2Connection : public std::enable_shared_from_this<H2Connection> {
   static int on_header(nghttp2_session*, const nghttp2_frame*, const uint8_t*, size_t,
                        const uint8_t*, size_t, uint8_t, void*);
   static int on_frame_recv(nghttp2_session*, const nghttp2_frame*, void*);
+  static int on_frame_send(nghttp2_session*, const nghttp2_frame*, void*);
   static int on_data_chunk(nghttp2_session*, uint8_t, int32_t, const uint8_t*, size_t, void*);
   static int on_stream_close(nghttp2_session*, int32_t, uint32_t, void*);
 

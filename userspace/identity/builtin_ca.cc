@@ -262,7 +262,7 @@ Result<std::shared_ptr<BuiltinCa>> BuiltinCa::load_or_create(const std::filesyst
                     << " sha256=" << fingerprint_sha256(root);
     return std::shared_ptr<BuiltinCa>(new BuiltinCa(std::string(trust_domain),
                                                     std::move(loaded->cert), std::move(loaded->key),
-                                                    options, created));
+                                                    std::move(options), created));
   }
   return Error{"CA files in " + state_dir.string() +
                " keep disappearing while being loaded; is another process deleting them?"};

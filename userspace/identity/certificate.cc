@@ -53,7 +53,7 @@ X509StackPtr to_stack(const X509List& list) {
   for (const auto& c : list) {
     X509Ptr ref = share(c.get());
     if (sk_X509_push(stack.get(), ref.get()) <= 0) return X509StackPtr();
-    ref.release();  // the stack owns it now
+    static_cast<void>(ref.release());  // the stack owns it now
   }
   return stack;
 }

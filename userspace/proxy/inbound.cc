@@ -228,11 +228,11 @@ void InboundHbone::handle(Worker& worker, Tcp::socket socket) {
       [&ctx, &worker, hs, session, &failures](const boost::system::error_code& e) {
         hs->deadline.cancel();
         SSL* ssl = hs->tls->native_handle();
+        std::string why = e ? tls::MeshTls::describe_failure(ssl, e.message()) : "";
         tls::MeshTls::attach_peer_check(ssl, nullptr);
         if (e) {
           SM_WARN("inbound") << "TLS handshake from " << session->peer.to_string() << " to "
-                             << session->local.to_string() << " failed: "
-                             << tls::MeshTls::describe_failure(ssl, e.message());
+                             << session->local.to_string() << " failed: " << why;
           ctx.metrics
               ->counter("sockmesh_tls_handshake_failures_total", "Failed TLS handshakes",
                         {{"direction", "inbound"}})

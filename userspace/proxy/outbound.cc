@@ -224,6 +224,7 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
                                             : ResponseFlags::kConnectionFailure,
                               status == 403, status == 503 || status == 504 || status == 404};
             SM_INFO("outbound") << o.error;
+            stream->reset(NGHTTP2_NO_ERROR);  // nothing more to send on a refused tunnel
             record->finish(o.error, o.flags);
             fail_client(client_ptr, ready, o);
             return;

@@ -204,6 +204,11 @@ void Proxy::recheck_policies(const state::SnapshotPtr& snap) {
 }
 
 std::vector<std::pair<std::string, Endpoint>> Proxy::listening() {
+  if (control_.get_executor().running_in_this_thread()) {
+    std::vector<std::pair<std::string, Endpoint>> out;
+    for (auto& [_, l] : listeners_) out.emplace_back(l->role, l->at);
+    return out;
+  }
   std::promise<std::vector<std::pair<std::string, Endpoint>>> p;
   auto f = p.get_future();
   boost::asio::post(control_, [this, &p] {

@@ -1,0 +1,390 @@
+"""Test harness for sockmesh integration tests: real sockmesh-proxy processes on loopback.
+
+Each test process gets its own block of loopback addresses (127.A.B.0/24, A and B from the
+process id), so tests can run in parallel and never reuse each other's leftovers. Workload IPs,
+HBONE listeners and admin ports all live on those addresses.
+"""
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+
+BUILD_DIR = os.environ.get("SOCKMESH_BUILD_DIR") or os.path.join(
+    os.path.dirname(__file__), "..", "..", "build")
+PROXY_BIN = os.path.join(BUILD_DIR, "userspace", "sockmesh-proxy")
+
+_block_counter = [0]
+
+
+def address_block():
+    """A fresh 127.A.B prefix for this process (distinct per call)."""
+    _block_counter[0] += 1
+    pid = os.getpid()
+    a = 100 + (pid % 150)
+    b = ((pid // 150) * 16 + _block_counter[0]) % 250 + 1
+    return "127.%d.%d" % (a, b)
+
+
+class TempDir:
+    def __init__(self):
+        self.path = tempfile.mkdtemp(prefix="sockmesh-test-")
+
+    def file(self, name, text):
+        p = os.path.join(self.path, name)
+        tmp = p + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.rename(tmp, p)
+        return p
+
+    def cleanup(self):
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def wait_until(predicate, timeout=10.0, interval=0.05, what="condition"):
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        try:
+            last = predicate()
+            if last:
+                return last
+        except Exception as e:  # noqa: BLE001 - retried until the deadline
+            last = e
+        time.sleep(interval)
+    raise AssertionError("timed out after %.1fs waiting for %s (last: %r)" % (timeout, what, last))
+
+
+def http_get(url, timeout=2.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.read().decode()
+
+
+def http_post(url, timeout=2.0):
+    req = urllib.request.Request(url, data=b"", method="POST")
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.status, r.read().decode()
+
+
+class ProxyNode:
+    """One sockmesh-proxy process, as node `name`, with admin ports on `admin_ip`."""
+
+    def __init__(self, name, config_path, state_dir, admin_ip, log_dir, socks5=None, extra=()):
+        self.name = name
+        self.admin_ip = admin_ip
+        self.log_path = os.path.join(log_dir, "%s.log" % name)
+        self.args = [PROXY_BIN, "--node", name, "--config", config_path,
+                     "--state-dir", state_dir,
+                     "--admin", "%s:15000" % admin_ip,
+                     "--metrics", "%s:15020" % admin_ip,
+                     "--readiness", "%s:15021" % admin_ip,
+                     "--config-poll-ms", "100",
+                     "--log-level", "debug"]
+        if socks5:
+            self.args += ["--socks5", socks5]
+        self.args += list(extra)
+        self.proc = None
+
+    def start(self, wait=True):
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout=15.0):
+        def ready():
+            if self.proc.poll() is not None:
+                raise AssertionError("%s exited with %s:\n%s" % (
+                    self.name, self.proc.returncode, self.logs()[-3000:]))
+            return http_get("http://%s:15021/healthz/ready" % self.admin_ip)[0] == 200
+        wait_until(ready, timeout, what="%s ready" % self.name)
+
+    def logs(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def metrics(self):
+        return http_get("http://%s:15020/metrics" % self.admin_ip)[1]
+
+    def metric_sum(self, name, **labels):
+        """Sum of a metric's samples whose labels include all of `labels`."""
+        total = 0
+        for line in self.metrics().splitlines():
+            if not line.startswith(name + "{") and not line.startswith(name + " "):
+                continue
+            if all('%s="%s"' % (k, v) in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def config_dump(self):
+        return json.loads(http_get("http://%s:15000/config_dump" % self.admin_ip)[1])
+
+    def terminate(self, timeout=15.0):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode if self.proc else None
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# ---------------------------------------------------------------------------------------------
+# Applications
+
+class EchoServer:
+    """TCP server on ip:port. Modes: 'echo' returns bytes; 'whoami' sends the client's address
+    then echoes; 'hash' reads to EOF and answers the SHA-256 of what it read."""
+
+    def __init__(self, ip, port, mode="echo"):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((ip, port))
+        self.sock.listen(512)
+        self.mode = mode
+        self.peers = []
+        self.stopped = False
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self):
+        while not self.stopped:
+            try:
+                c, addr = self.sock.accept()
+            except OSError:
+                return
+            self.peers.append(addr)
+            threading.Thread(target=self._serve, args=(c, addr), daemon=True).start()
+
+    def _serve(self, c, addr):
+        try:
+            if self.mode == "whoami":
+                c.sendall(("%s:%d\n" % addr).encode())
+            if self.mode == "hash":
+                h = hashlib.sha256()
+                while True:
+                    d = c.recv(1 << 20)
+                    if not d:
+                        break
+                    h.update(d)
+                c.sendall(h.hexdigest().encode())
+                c.shutdown(socket.SHUT_WR)
+            else:
+                while True:
+                    d = c.recv(1 << 20)
+                    if not d:
+                        break
+                    c.sendall(d)
+                c.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        finally:
+            c.close()
+
+    def close(self):
+        self.stopped = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+SOCKS_REPLIES = {0: "succeeded", 1: "general failure", 2: "not allowed by ruleset",
+                 4: "host unreachable", 5: "connection refused", 7: "command not supported"}
+
+
+def socks_connect(source_ip, proxy, dst_ip, dst_port, timeout=10.0):
+    """Returns (socket, reply code). The socket is closed when the reply is not 0."""
+    s = socket.socket()
+    s.settimeout(timeout)
+    s.bind((source_ip, 0))
+    s.connect(proxy)
+    s.sendall(b"\x05\x01\x00")
+    if recv_exact(s, 2) != b"\x05\x00":
+        raise AssertionError("SOCKS5 method negotiation failed")
+    s.sendall(b"\x05\x01\x00\x01" + socket.inet_aton(dst_ip) + struct.pack(">H", dst_port))
+    rep = recv_exact(s, 10)
+    if rep[1] != 0:
+        s.close()
+    return s, rep[1]
+
+
+def recv_exact(s, n):
+    buf = b""
+    while len(buf) < n:
+        d = s.recv(n - len(buf))
+        if not d:
+            raise AssertionError("connection closed after %d of %d bytes" % (len(buf), n))
+        buf += d
+    return buf
+
+
+def recv_all(s):
+    chunks = []
+    while True:
+        d = s.recv(1 << 20)
+        if not d:
+            return b"".join(chunks)
+        chunks.append(d)
+
+
+def transfer_and_check(s, payload):
+    """Sends payload (in a thread), reads the echo to EOF; returns True when identical."""
+    def send():
+        s.sendall(payload)
+        s.shutdown(socket.SHUT_WR)
+    t = threading.Thread(target=send)
+    t.start()
+    got = hashlib.sha256()
+    n = 0
+    while True:
+        d = s.recv(1 << 20)
+        if not d:
+            break
+        got.update(d)
+        n += len(d)
+    t.join()
+    return n == len(payload) and got.digest() == hashlib.sha256(payload).digest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Mesh topologies
+
+def workload_yaml(uid, name, ns, sa, ip, node, protocol="HBONE", services=None):
+    lines = ["- uid: %s" % uid, "  name: %s" % name, "  namespace: %s" % ns,
+             "  serviceAccount: %s" % sa, "  workloadIps: [%s]" % ip, "  protocol: %s" % protocol,
+             "  node: %s" % node]
+    if services:
+        lines.append("  services:")
+        for svc, ports in services.items():
+            lines.append('    "%s":' % svc)
+            for a, b in ports.items():
+                lines.append("      %d: %d" % (a, b))
+    return "\n".join(lines)
+
+
+class TwoNodeMesh:
+    """client (node-a) -> A --HBONE--> B -> server (node-b), plus a service VIP for the server.
+
+    Addresses in one 127.x.y block: .10 client, .20 server, .30 VIP, .1/.2 admin of A/B."""
+
+    def __init__(self, policies="", server_sa="server", server_sa_seen_by_a=None, extra_a=(),
+                 extra_b=(), extra_workloads=""):
+        self.block = address_block()
+        b = self.block
+        self.client_ip, self.server_ip, self.vip = b + ".10", b + ".20", b + ".30"
+        self.tmp = TempDir()
+        self.state_dir = os.path.join(self.tmp.path, "ca")
+        self.policies = policies
+        self.server_sa = server_sa
+        self.server_sa_seen_by_a = server_sa_seen_by_a or server_sa
+        self.extra_workloads = extra_workloads
+        self.config_a = self.tmp.file("a.yaml", self.config(self.server_sa_seen_by_a))
+        self.config_b = self.tmp.file("b.yaml", self.config(self.server_sa))
+        self.socks = (b + ".1", 15080)
+        self.a = ProxyNode("node-a", self.config_a, self.state_dir, b + ".1", self.tmp.path,
+                           socks5="%s:15080" % (b + ".1"), extra=extra_a)
+        self.b = ProxyNode("node-b", self.config_b, self.state_dir, b + ".2", self.tmp.path,
+                           extra=extra_b)
+
+    def config(self, server_sa, policies=None):
+        svc_key = "default/server.default.svc.cluster.local"
+        text = "workloads:\n"
+        text += workload_yaml("c1", "client", "default", "client", self.client_ip, "node-a") + "\n"
+        text += workload_yaml("s1", "server", "default", server_sa, self.server_ip, "node-b",
+                              services={svc_key: {80: 8080}}) + "\n"
+        text += self.extra_workloads
+        text += ("services:\n- name: server\n  namespace: default\n"
+                 "  hostname: server.default.svc.cluster.local\n"
+                 "  vips: [\"/%s\"]\n  ports: {80: 8080}\n" % self.vip)
+        p = self.policies if policies is None else policies
+        if p:
+            text += "policies:\n" + p
+        return text
+
+    def set_policies(self, policies):
+        self.policies = policies
+        self.tmp.file("a.yaml", self.config(self.server_sa_seen_by_a))
+        self.tmp.file("b.yaml", self.config(self.server_sa))
+
+    def start(self):
+        self.a.start(wait=False)
+        self.b.start(wait=False)
+        self.a.wait_ready()
+        self.b.wait_ready()
+        return self
+
+    def connect(self, dst_ip=None, dst_port=8080, source_ip=None):
+        return socks_connect(source_ip or self.client_ip, self.socks, dst_ip or self.server_ip,
+                             dst_port)
+
+    def stop(self):
+        self.a.terminate()
+        self.b.terminate()
+
+    def dump_logs(self):
+        return "---- node-a ----\n%s\n---- node-b ----\n%s" % (self.a.logs()[-6000:],
+                                                              self.b.logs()[-6000:])
+
+    def cleanup(self):
+        self.a.kill()
+        self.b.kill()
+        self.tmp.cleanup()
+
+
+def openssl(*args, cwd=None):
+    subprocess.run(["openssl", *args], check=True, cwd=cwd, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.PIPE)
+
+
+def make_ca(directory, name):
+    """A separate CA (key + cert) made with the openssl CLI; returns (cert, key) paths."""
+    key = os.path.join(directory, name + "-key.pem")
+    cert = os.path.join(directory, name + "-cert.pem")
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+            "-nodes", "-keyout", key, "-out", cert, "-days", "2", "-subj", "/O=" + name,
+            "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    return cert, key
+
+
+def issue_leaf(directory, name, ca_cert, ca_key, spiffe_id, days=1, not_before_offset=None):
+    """A workload certificate for spiffe_id signed by the given CA; returns (cert, key)."""
+    key = os.path.join(directory, name + "-key.pem")
+    csr = os.path.join(directory, name + ".csr")
+    cert = os.path.join(directory, name + "-cert.pem")
+    ext = os.path.join(directory, name + ".ext")
+    with open(ext, "w") as f:
+        f.write("subjectAltName=URI:%s\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+                "extendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=critical,CA:FALSE\n"
+                % spiffe_id)
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", key, "-out", csr, "-subj", "/O=test")
+    args = ["x509", "-req", "-in", csr, "-CA", ca_cert, "-CAkey", ca_key, "-CAcreateserial",
+            "-out", cert, "-extfile", ext]
+    if days < 0:
+        # An expired certificate: valid for a day that ended yesterday.
+        args += ["-not_before", "20200101000000Z", "-not_after", "20200102000000Z"]
+    else:
+        args += ["-days", str(days)]
+    openssl(*args)
+    return cert, key

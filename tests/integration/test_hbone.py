@@ -1,0 +1,232 @@
+"""Two sockmesh-proxy processes on loopback: client -> A (SOCKS5) -> HBONE -> B -> server."""
+import concurrent.futures
+import os
+import socket
+import ssl
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness  # noqa: E402
+from harness import TwoNodeMesh, EchoServer, transfer_and_check, wait_until  # noqa: E402
+
+DENY_CLIENT = """- name: deny-client
+  namespace: default
+  scope: Namespace
+  action: Deny
+  rules:
+  - - - principals: ["cluster.local/ns/default/sa/client"]
+"""
+
+
+class MeshTest(unittest.TestCase):
+    mesh_args = {}
+
+    def setUp(self):
+        self.mesh = TwoNodeMesh(**self.mesh_args)
+        self.server = EchoServer(self.mesh.server_ip, 8080, mode="whoami")
+        self.mesh.start()
+
+    def tearDown(self):
+        result = getattr(self._outcome, "result", None)
+        failed = result is not None and any(
+            t is self for t, _ in list(result.failures) + list(result.errors))
+        if failed or os.environ.get("SOCKMESH_TEST_LOGS"):
+            sys.stderr.write(self.mesh.dump_logs())
+        self.mesh.stop()
+        self.server.close()
+        self.mesh.cleanup()
+
+    def whoami(self, s):
+        line = b""
+        while not line.endswith(b"\n"):
+            d = s.recv(1)
+            if not d:
+                break
+            line += d
+        return line.decode().strip()
+
+
+class TunnelTest(MeshTest):
+    def test_direct_and_vip_reach_server_with_client_ip(self):
+        for dst, port in ((self.mesh.server_ip, 8080), (self.mesh.vip, 80)):
+            s, rep = self.mesh.connect(dst, port)
+            self.assertEqual(rep, 0, "SOCKS reply for %s:%d" % (dst, port))
+            peer = self.whoami(s)
+            # Source IP preserved: the server sees the client pod's address, not the proxy's.
+            self.assertTrue(peer.startswith(self.mesh.client_ip + ":"), peer)
+            self.assertTrue(transfer_and_check(s, b"x" * 100000))
+            s.close()
+        # Both ends counted the connections with Istio's labels.
+        wait_until(lambda: self.mesh.b.metric_sum(
+            "istio_tcp_connections_closed_total", reporter="destination",
+            source_principal="spiffe://cluster.local/ns/default/sa/client",
+            destination_principal="spiffe://cluster.local/ns/default/sa/server",
+            connection_security_policy="mutual_tls") >= 2, what="closed connections on B")
+        self.assertGreaterEqual(self.mesh.a.metric_sum(
+            "istio_tcp_connections_opened_total", reporter="source",
+            destination_service="server.default.svc.cluster.local"), 1)
+        self.assertGreaterEqual(self.mesh.b.metric_sum(
+            "istio_tcp_received_bytes_total", reporter="destination"), 200000)
+        # One access-log line per connection, on each side.
+        wait_until(lambda: self.mesh.b.logs().count("direction=inbound") >= 2, what="access log")
+        self.assertIn("src.identity=spiffe://cluster.local/ns/default/sa/client",
+                      self.mesh.a.logs())
+
+    def test_64mib_both_ways_with_checksum(self):
+        s, rep = self.mesh.connect()
+        self.assertEqual(rep, 0)
+        self.whoami(s)
+        payload = os.urandom(64 * 1024 * 1024)
+        self.assertTrue(transfer_and_check(s, payload), "64 MiB echoed intact")
+        s.close()
+
+    def test_200_concurrent_streams_share_pooled_connections(self):
+        n = 200
+
+        def one(i):
+            s, rep = self.mesh.connect()
+            if rep != 0:
+                return "reply %d" % rep
+            self.whoami(s)
+            payload = os.urandom(4096 + i)
+            ok = transfer_and_check(s, payload)
+            s.close()
+            return ok
+
+        # Open all streams first so that they are concurrent, then transfer.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=n) as ex:
+            results = list(ex.map(one, range(n)))
+        self.assertEqual(results, [True] * n)
+        opened = self.mesh.a.metric_sum("sockmesh_pool_connections_opened_total")
+        # Up to 100 streams per connection, one pool per worker (2 workers): far fewer
+        # connections than streams, but at least one.
+        self.assertGreaterEqual(opened, 1)
+        self.assertLessEqual(opened, 8, "pooled connections for 200 streams")
+
+    def test_half_close_is_passed_through(self):
+        s, rep = self.mesh.connect()
+        self.assertEqual(rep, 0)
+        self.whoami(s)
+        s.sendall(b"last words")
+        s.shutdown(socket.SHUT_WR)  # FIN -> END_STREAM -> FIN at the server
+        got = harness.recv_all(s)  # the server echoes, then closes its side
+        self.assertEqual(got, b"last words")
+        s.close()
+
+    def test_unknown_source_is_refused(self):
+        # 127.x.y.99 is not a workload: the proxy has no identity to present for it.
+        s, rep = self.mesh.connect(source_ip=self.mesh.block + ".99")
+        self.assertNotEqual(rep, 0)
+
+
+class PolicyTest(MeshTest):
+    def test_deny_policy_refuses_and_is_counted(self):
+        s, rep = self.mesh.connect()
+        self.assertEqual(rep, 0)
+        s.close()
+        self.mesh.set_policies(DENY_CLIENT)
+        wait_until(lambda: len(self.mesh.b.config_dump()["policies"]) == 1, what="policy loaded")
+        s, rep = self.mesh.connect()
+        self.assertEqual(rep, 2, "SOCKS5 'not allowed by ruleset' for a policy denial")
+        wait_until(lambda: self.mesh.b.metric_sum(
+            "istio_tcp_connections_closed_total", response_flags="DENY") >= 1,
+            what="DENY counted on B")
+        self.assertIn("denied by policy", self.mesh.b.logs())
+
+    def test_policy_change_closes_live_connection(self):
+        s, rep = self.mesh.connect()
+        self.assertEqual(rep, 0)
+        self.whoami(s)
+        s.sendall(b"ping")
+        self.assertEqual(harness.recv_exact(s, 4), b"ping")
+        self.mesh.set_policies(DENY_CLIENT)
+        s.settimeout(10)
+        t0 = time.time()
+        try:
+            closed = s.recv(10) == b""
+        except (ConnectionResetError, OSError):
+            closed = True
+        self.assertTrue(closed, "live connection closed after the policy began to deny it")
+        self.assertLess(time.time() - t0, 8)
+        self.assertIn("policy now denies", self.mesh.b.logs())
+
+
+class IdentityTest(MeshTest):
+    # Node A believes the server runs as "imposter"; B presents the real "server" certificate.
+    mesh_args = {"server_sa_seen_by_a": "imposter"}
+
+    def test_client_rejects_unexpected_server_identity(self):
+        s, rep = self.mesh.connect()
+        self.assertNotEqual(rep, 0)
+        wait_until(lambda: "expected spiffe://cluster.local/ns/default/sa/imposter"
+                   in self.mesh.a.logs(), what="identity mismatch logged")
+        self.assertGreaterEqual(self.mesh.a.metric_sum(
+            "istio_tcp_connections_closed_total", response_flags="TLS_FAILURE"), 1)
+
+
+class ForeignCaTest(MeshTest):
+    def test_client_certificate_from_another_ca_is_rejected(self):
+        d = self.mesh.tmp.path
+        ca_cert, ca_key = harness.make_ca(d, "foreign")
+        cert, key = harness.issue_leaf(d, "intruder", ca_cert, ca_key,
+                                       "spiffe://cluster.local/ns/default/sa/client")
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        ctx.load_cert_chain(cert, key)
+        ctx.set_alpn_protocols(["h2"])
+        raw = socket.create_connection((self.mesh.server_ip, 15008), timeout=5)
+        with self.assertRaises((ssl.SSLError, ConnectionResetError, OSError)):
+            tls = ctx.wrap_socket(raw)
+            # TLS 1.3: the client learns of the rejection on its first read.
+            tls.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            if tls.recv(100) == b"":
+                raise ConnectionResetError("closed")
+        wait_until(lambda: "peer certificate rejected" in self.mesh.b.logs(),
+                   what="rejection logged on B")
+
+    def test_wrong_trust_domain_is_rejected(self):
+        # Signed by the mesh's own root, but for another trust domain.
+        d = self.mesh.tmp.path
+        ca_cert = os.path.join(self.mesh.state_dir, "ca-cert.pem")
+        ca_key = os.path.join(self.mesh.state_dir, "ca-key.pem")
+        cert, key = harness.issue_leaf(d, "otherdomain", ca_cert, ca_key,
+                                       "spiffe://evil.example/ns/default/sa/client")
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        ctx.load_cert_chain(cert, key)
+        ctx.set_alpn_protocols(["h2"])
+        raw = socket.create_connection((self.mesh.server_ip, 15008), timeout=5)
+        with self.assertRaises((ssl.SSLError, ConnectionResetError, OSError)):
+            tls = ctx.wrap_socket(raw)
+            tls.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            if tls.recv(100) == b"":
+                raise ConnectionResetError("closed")
+        wait_until(lambda: "outside trust domain cluster.local" in self.mesh.b.logs(),
+                   what="trust-domain rejection logged on B")
+
+
+class DrainTest(MeshTest):
+    mesh_args = {"extra_b": ("--drain-timeout-ms", "3000")}
+
+    def test_sigterm_lets_live_stream_finish_then_exits(self):
+        s, rep = self.mesh.connect()
+        self.assertEqual(rep, 0)
+        self.whoami(s)
+        self.mesh.b.proc.send_signal(harness.signal.SIGTERM)
+        time.sleep(0.3)
+        # The live stream still works during the drain.
+        s.sendall(b"still here")
+        self.assertEqual(harness.recv_exact(s, 10), b"still here")
+        s.close()
+        rc = self.mesh.b.proc.wait(10)
+        self.assertEqual(rc, 0)
+        self.assertIn("draining", self.mesh.b.logs())
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
