@@ -40,6 +40,10 @@ int main(int argc, char** argv) {
     std::cout << app::usage();
     return 0;
   }
+  if (opts.print_default_config) {
+    std::cout << config::embedded_default_config();
+    return 0;
+  }
   log::Level level;
   if (!log::parse_level(opts.log_level, &level)) return fail("unknown log level " + opts.log_level);
   log::set_level(level);

@@ -133,6 +133,10 @@ std::optional<std::string> parse_options(const std::vector<std::string>& args, O
       out->help = true;
       continue;
     }
+    if (a == "--print-default-config") {
+      out->print_default_config = true;
+      continue;
+    }
     if (a.rfind("--", 0) != 0) return "unexpected argument '" + a + "'";
     std::string name = a.substr(2);
     std::string value;
@@ -159,6 +163,7 @@ std::string usage() {
     u += "  --" + name + std::string(name.size() < 22 ? 22 - name.size() : 1, ' ') + entry.second +
          "\n";
   }
+  u += "  --print-default-config  print the embedded default config (YAML) and exit\n";
   u += "\nEvery flag can also be set as SOCKMESH_<FLAG> (e.g. SOCKMESH_NODE=node-b).\n";
   return u;
 }

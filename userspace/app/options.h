@@ -14,6 +14,7 @@ struct Options {
   proxy::ProxyConfig proxy;
   std::string log_level = "info";
   bool help = false;
+  bool print_default_config = false;
 };
 
 // Parses argv (without argv[0]). Returns an error message naming the flag on bad input.
