@@ -9,6 +9,7 @@
 #include "proxy/context.h"
 #include "proxy/dial.h"
 #include "proxy/pool.h"
+#include "proxy/resolve.h"
 #include "proxy/tunnel_relay.h"
 
 namespace sockmesh::proxy {
@@ -16,66 +17,6 @@ namespace {
 
 using Tcp = boost::asio::ip::tcp;
 using observe::ResponseFlags;
-
-// Where a connection goes once the VIP (if any) is resolved.
-struct Route {
-  const state::Workload* workload = nullptr;  // null: outside the mesh
-  const state::Service* service = nullptr;
-  Endpoint target;  // workload IP (or original address) and target port
-  std::string error;
-};
-
-// Round robin per service, shared by the workers (one relaxed increment per new connection).
-std::atomic<uint64_t>& rr_counter(const std::string& key) {
-  static std::mutex mu;
-  static std::unordered_map<std::string, std::unique_ptr<std::atomic<uint64_t>>> counters;
-  std::lock_guard lock(mu);
-  auto& c = counters[key];
-  if (!c) c = std::make_unique<std::atomic<uint64_t>>(0);
-  return *c;
-}
-
-std::optional<IpAddress> address_like(const state::Workload& w, const IpAddress& want_family) {
-  for (const auto& ip : w.ips) {
-    if (ip.is_v4() == want_family.is_v4()) return ip;
-  }
-  return std::nullopt;
-}
-
-Route resolve(const state::Snapshot& snap, const Endpoint& dst) {
-  Route r;
-  if (const state::Service* svc = snap.service_by_vip(dst.ip)) {
-    r.service = svc;
-    auto port_it = svc->ports.find(dst.port);
-    if (port_it == svc->ports.end()) {
-      r.error = "service " + svc->hostname + " has no port " + std::to_string(dst.port);
-      return r;
-    }
-    std::vector<std::pair<const state::Workload*, IpAddress>> ready;
-    for (const state::Workload* w : snap.endpoints_of(*svc)) {
-      if (auto ip = address_like(*w, dst.ip)) ready.emplace_back(w, *ip);
-    }
-    if (ready.empty()) {
-      r.error = "service " + svc->hostname + " has no endpoints";
-      return r;
-    }
-    auto n = rr_counter(svc->key()).fetch_add(1, std::memory_order_relaxed);
-    auto& [w, ip] = ready[n % ready.size()];
-    uint16_t target_port = port_it->second == 0 ? dst.port : port_it->second;
-    // The workload's own port map for this service wins over the service's.
-    auto ws = w->services.find(svc->key());
-    if (ws != w->services.end()) {
-      auto p = ws->second.find(dst.port);
-      if (p != ws->second.end() && p->second != 0) target_port = p->second;
-    }
-    r.workload = w;
-    r.target = Endpoint{ip, target_port};
-    return r;
-  }
-  r.workload = snap.workload_by_ip(dst.ip);
-  r.target = dst;
-  return r;
-}
 
 std::string baggage_of(const state::Workload& w) {
   std::string b = "k8s.cluster.name=" + w.cluster_id + ",k8s.namespace.name=" + w.namespace_name;

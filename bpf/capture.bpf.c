@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/* tc programs on an enrolled pod's own eth0, inside the pod's network namespace.
+ *
+ * Outbound: bpf_sk_assign works only at tc ingress, so egress bounces the app's TCP packets into
+ * ingress of the same device (destination MAC := source MAC so that IP receive takes it as
+ * PACKET_HOST, and SM_MARK_BOUNCED so that ingress knows where it came from and the pod's fwmark
+ * rule routes it to the local table). Ingress assigns a new SYN to the proxy's transparent
+ * outbound listener (15001); later packets find the proxy's accepted socket by the usual lookup.
+ *
+ * Inbound: a SYN from the wire to any port but the proxy's own is assigned to the proxy's inbound
+ * plaintext listener (15006). HBONE (15008) and known flows pass untouched.
+ *
+ * Counters: each program run counts exactly one decision (see enum sm_counter). */
+#include "lib/packet.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Knobs set by the loader before load. */
+/* Let a SYN through uncaptured when the proxy's listener is missing (default: drop, so that an
+ * enrolled pod never talks around the mesh). */
+const volatile bool cfg_fail_open = false;
+
+/* The last error bpf_sk_assign returned (0: none yet), for tests and debugging. */
+long sm_last_assign_error = 0;
+
+/* Looks up a socket for the packet's tuple in the current netns, the way TCP demux would. Returns
+ * its state (enum BPF_TCP_*), or -1 when there is none. */
+static __always_inline int sm_known_socket_state(struct __sk_buff* skb, struct sm_packet* pkt) {
+  /* The tuple size must be a constant for the verifier. */
+  struct bpf_sock* sk =
+      pkt->is_v6
+          ? bpf_skc_lookup_tcp(skb, &pkt->tuple, sizeof(pkt->tuple.ipv6), BPF_F_CURRENT_NETNS, 0)
+          : bpf_skc_lookup_tcp(skb, &pkt->tuple, sizeof(pkt->tuple.ipv4), BPF_F_CURRENT_NETNS, 0);
+  if (!sk) return -1;
+  int state = sk->state;
+  bpf_sk_release(sk);
+  return state;
+}
+
+/* A socket that is neither a listener nor in TIME_WAIT owns this flow: let TCP demux have it. */
+static __always_inline bool sm_flow_is_known(int state) {
+  return state >= 0 && state != BPF_TCP_LISTEN && state != BPF_TCP_TIME_WAIT;
+}
+
+static __always_inline int sm_no_listener(void) {
+  sm_count(SM_CNT_NO_LISTENER);
+  return cfg_fail_open ? SM_TC_ACT_OK : SM_TC_ACT_SHOT;
+}
+
+/* Hands a new SYN to the proxy's listener of the given kind in the pod that owns `pod_ip`. */
+static __always_inline int sm_assign_to_listener(struct __sk_buff* skb, const struct sm_ip* pod_ip,
+                                                 __u32 kind, enum sm_counter captured) {
+  struct sm_listener_key key = {.ip = *pod_ip, .kind = kind};
+  struct bpf_sock* listener = bpf_map_lookup_elem(&sm_listeners, &key);
+  if (!listener) return sm_no_listener();
+  long err = bpf_sk_assign(skb, listener, 0);
+  bpf_sk_release(listener);
+  if (err) {
+    sm_last_assign_error = err;
+    sm_count(SM_CNT_ASSIGN_FAILED);
+    return cfg_fail_open ? SM_TC_ACT_OK : SM_TC_ACT_SHOT;
+  }
+  sm_count(captured);
+  return SM_TC_ACT_OK;
+}
+
+static __always_inline int sm_bounce_to_ingress(struct __sk_buff* skb, struct sm_packet* pkt) {
+  void* data = (void*)(long)skb->data;
+  void* data_end = (void*)(long)skb->data_end;
+  struct ethhdr* eth = data;
+  if ((void*)(eth + 1) > data_end) return SM_TC_ACT_OK;
+  /* The source MAC is the device's own, so IP receive sees a packet for this host. The helper
+   * also unclones the skb (TCP's egress packets are clones) before writing. */
+  __u8 mac[SM_ETH_ALEN];
+  __builtin_memcpy(mac, eth->h_source, SM_ETH_ALEN);
+  if (bpf_skb_store_bytes(skb, __builtin_offsetof(struct ethhdr, h_dest), mac, SM_ETH_ALEN, 0) < 0)
+    return SM_TC_ACT_OK;
+  skb->mark |= SM_MARK_BOUNCED;
+  sm_count(SM_CNT_BOUNCED);
+  if (pkt->payload_len) sm_count(SM_CNT_TC_PAYLOAD);
+  return bpf_redirect(skb->ifindex, BPF_F_INGRESS);
+}
+
+SEC("tc")
+int sm_tc_egress(struct __sk_buff* skb) {
+  struct sm_packet pkt = {};
+  if (sm_parse_tcp(skb, &pkt) < 0) {
+    sm_count(SM_CNT_PASSED);
+    return SM_TC_ACT_OK;
+  }
+  if (skb->mark & SM_MARK_PROXY) {
+    sm_count(SM_CNT_PROXY_SKIPPED);
+    return SM_TC_ACT_OK;
+  }
+  struct sm_workload* wl = sm_workload_of(&pkt.src);
+  if (!wl || !(wl->flags & SM_WL_ENROLLED)) {
+    sm_count(SM_CNT_NOT_ENROLLED);
+    return SM_TC_ACT_OK;
+  }
+
+  if (sm_tcp_flags_is_syn(pkt.tcp_flags)) {
+    /* Bounce only when ingress will have a listener to assign to; otherwise decide here. */
+    struct sm_listener_key key = {.ip = pkt.src, .kind = SM_LISTENER_OUTBOUND};
+    struct bpf_sock* listener = bpf_map_lookup_elem(&sm_listeners, &key);
+    if (!listener) return sm_no_listener();
+    bpf_sk_release(listener);
+    return sm_bounce_to_ingress(skb, &pkt);
+  }
+
+  /* A later packet of a captured flow: the socket that owns the packet's tuple is the proxy's
+   * (its accepted transparent socket, or its transparent connection to the app for inbound).
+   * Flows that predate enrollment find no local socket and go to the wire as before. */
+  if (sm_flow_is_known(sm_known_socket_state(skb, &pkt))) return sm_bounce_to_ingress(skb, &pkt);
+  sm_count(SM_CNT_PASSED);
+  return SM_TC_ACT_OK;
+}
+
+static __always_inline int sm_ingress_bounced(struct __sk_buff* skb, struct sm_packet* pkt) {
+  if (!sm_tcp_flags_is_syn(pkt->tcp_flags) || sm_flow_is_known(sm_known_socket_state(skb, pkt))) {
+    /* Keeps SM_MARK_BOUNCED: the fwmark rule delivers it locally. */
+    sm_count(SM_CNT_PASSED);
+    return SM_TC_ACT_OK;
+  }
+  struct sm_workload* wl = sm_workload_of(&pkt->src);
+  if (!wl || !(wl->flags & SM_WL_ENROLLED)) {
+    sm_count(SM_CNT_NOT_ENROLLED);
+    return SM_TC_ACT_OK;
+  }
+  return sm_assign_to_listener(skb, &pkt->src, SM_LISTENER_OUTBOUND, SM_CNT_CAPTURED_OUTBOUND);
+}
+
+static __always_inline bool sm_is_proxy_port(__u16 port) {
+  return port == SM_PORT_HBONE || port == SM_PORT_OUTBOUND || port == SM_PORT_INBOUND_PLAIN;
+}
+
+static __always_inline int sm_ingress_from_wire(struct __sk_buff* skb, struct sm_packet* pkt) {
+  struct sm_workload* wl = sm_workload_of(&pkt->dst);
+  if (!wl || !(wl->flags & SM_WL_ENROLLED)) {
+    sm_count(SM_CNT_NOT_ENROLLED);
+    return SM_TC_ACT_OK;
+  }
+  if (!(wl->flags & SM_WL_CAPTURE_INBOUND) || sm_is_proxy_port(pkt->dport) ||
+      !sm_tcp_flags_is_syn(pkt->tcp_flags)) {
+    sm_count(SM_CNT_PASSED);
+    return SM_TC_ACT_OK;
+  }
+  /* The app's own listener is found here too; it is a listener, so the flow is new. */
+  if (sm_flow_is_known(sm_known_socket_state(skb, pkt))) {
+    sm_count(SM_CNT_PASSED);
+    return SM_TC_ACT_OK;
+  }
+  return sm_assign_to_listener(skb, &pkt->dst, SM_LISTENER_INBOUND_PLAIN, SM_CNT_CAPTURED_INBOUND);
+}
+
+SEC("tc")
+int sm_tc_ingress(struct __sk_buff* skb) {
+  struct sm_packet pkt = {};
+  if (sm_parse_tcp(skb, &pkt) < 0) {
+    sm_count(SM_CNT_PASSED);
+    return SM_TC_ACT_OK;
+  }
+  if (skb->mark & SM_MARK_BOUNCED) return sm_ingress_bounced(skb, &pkt);
+  return sm_ingress_from_wire(skb, &pkt);
+}

@@ -1,0 +1,58 @@
+#pragma once
+/* Constants shared by the BPF programs, the loader and the proxy: ports, marks, routing, and the
+ * names under which maps and programs are pinned. Plain macros, so that the same header serves
+ * BPF C, C and C++, and `#if` can test them. */
+
+/* The proxy's listeners inside each enrolled pod's network namespace. */
+#define SM_PORT_OUTBOUND 15001      /* captured outbound connections (transparent) */
+#define SM_PORT_INBOUND_PLAIN 15006 /* captured inbound plaintext connections */
+#define SM_PORT_HBONE 15008         /* HBONE (mTLS HTTP/2 CONNECT); never captured */
+
+/* Packet and socket marks (SO_MARK / skb->mark). All sockmesh bits live under SM_MARK_MASK, so
+ * that other users of the mark (CNIs, kube-proxy: 0x4000/0x8000, Calico: 0xffff0000) keep theirs.
+ *
+ * SM_MARK_BOUNCED   set by the tc egress program on packets it bounces into ingress; the pod's
+ *                   policy routing (fwmark rule -> local table) delivers them to local sockets.
+ * SM_MARK_PROXY     every socket of the proxy in a pod's netns (listeners, upstream sockets):
+ *                   tc never captures a packet that carries it.
+ * SM_MARK_LOCAL_HOP the proxy's sockets whose peer is a local app (the inbound hop to the app):
+ *                   sockops puts them into the bypass SOCKHASH. Always with SM_MARK_PROXY. */
+#define SM_MARK_MASK 0x00070000u
+#define SM_MARK_BOUNCED 0x00010000u
+#define SM_MARK_PROXY 0x00020000u
+#define SM_MARK_LOCAL_HOP 0x00040000u
+/* What the proxy sets with SO_MARK. */
+#define SM_MARK_PROXY_UPSTREAM SM_MARK_PROXY
+#define SM_MARK_PROXY_TO_APP (SM_MARK_PROXY | SM_MARK_LOCAL_HOP)
+
+/* Policy routing inside an enrolled pod's netns:
+ *   ip rule add fwmark SM_MARK_BOUNCED/SM_MARK_BOUNCED lookup SM_ROUTE_TABLE pref SM_RULE_PRIORITY
+ *   ip route add local 0.0.0.0/0 dev lo table SM_ROUTE_TABLE   (and ::/0 for IPv6) */
+#define SM_ROUTE_TABLE 0x534d /* "SM" */
+#define SM_RULE_PRIORITY 32000
+
+/* String sizes of a workload record, NUL included. */
+#define SM_UID_LEN 64              /* pod UID (36) or any opaque id */
+#define SM_NAMESPACE_LEN 64        /* DNS label: 63 + NUL */
+#define SM_SERVICE_ACCOUNT_LEN 256 /* DNS subdomain: 253 + NUL */
+#define SM_TRUST_DOMAIN_LEN 256    /* SPIFFE trust domain: 255 + NUL */
+
+/* Map sizes. */
+#define SM_MAX_WORKLOADS 16384
+#define SM_MAX_LISTENERS (3 * SM_MAX_WORKLOADS)
+#define SM_MAX_BYPASS_SOCKETS 65536
+#define SM_MAX_STACK_FLOWS 16384
+#define SM_MAX_AWAIT_PEER 4096
+
+/* Map names: BPF object names (at most 15 characters) and the file names under the pin root. */
+#define SM_MAP_WORKLOADS "sm_workloads"
+#define SM_MAP_LISTENERS "sm_listeners"
+#define SM_MAP_COUNTERS "sm_counters"
+#define SM_MAP_BYPASS "sm_bypass"
+#define SM_MAP_STACK_FLOWS "sm_stack_flows"
+#define SM_MAP_AWAIT_PEER "sm_await_peer"
+
+/* Default pin root; programs and links are pinned in subdirectories of it. */
+#define SM_PIN_ROOT_DEFAULT "/sys/fs/bpf/sockmesh"
+#define SM_PIN_PROGS_DIR "progs"
+#define SM_PIN_LINKS_DIR "links"

@@ -1,0 +1,88 @@
+#pragma once
+/* Keys and values of the sockmesh BPF maps: the one definition that the BPF programs, the loader
+ * and the proxy all compile. Layouts are fixed by the static assertions at the end; change a
+ * struct and its size together, and expect pinned maps of the old layout to be refused at load. */
+#include "sockmesh/consts.h"
+#include "sockmesh/types.h"
+
+/* An IPv4 or IPv6 address as 16 bytes in network order; IPv4 is IPv4-mapped (::ffff:a.b.c.d),
+ * the same bytes as sockmesh::IpAddress::bytes16(). Aligned to 4 so that BPF code can fill it a
+ * word at a time (the verifier refuses misaligned stack access). */
+struct sm_ip {
+  __u8 addr[16];
+} __attribute__((aligned(4)));
+
+/* Flags of a workload record. */
+enum sm_workload_flags {
+  SM_WL_ENROLLED = 1u << 0,        /* capture this workload's traffic */
+  SM_WL_CAPTURE_INBOUND = 1u << 1, /* capture inbound connections to its app ports (15006) */
+  /* Loader bookkeeping, so that unenroll restores exactly what enroll changed. */
+  SM_WL_SET_ACCEPT_LOCAL = 1u << 8, /* enroll turned accept_local on for the pod's device */
+  SM_WL_MADE_CLSACT = 1u << 9,      /* enroll created the clsact qdisc on the pod's device */
+};
+
+/* Value of SM_MAP_WORKLOADS (hash keyed by struct sm_ip): who a workload is and how it is
+ * enrolled. Strings are NUL-terminated and NUL-padded. */
+struct sm_workload {
+  char uid[SM_UID_LEN];
+  char namespace_name[SM_NAMESPACE_LEN];
+  char service_account[SM_SERVICE_ACCOUNT_LEN];
+  char trust_domain[SM_TRUST_DOMAIN_LEN];
+  __u32 flags;   /* enum sm_workload_flags */
+  __u32 ifindex; /* the pod's device, as seen inside its netns */
+  __u64 netns_cookie;
+};
+
+/* Which of the proxy's listeners in a pod a slot of SM_MAP_LISTENERS holds. */
+enum sm_listener_kind {
+  SM_LISTENER_OUTBOUND = 0,      /* port SM_PORT_OUTBOUND */
+  SM_LISTENER_INBOUND_PLAIN = 1, /* port SM_PORT_INBOUND_PLAIN */
+  SM_LISTENER_HBONE = 2,         /* port SM_PORT_HBONE (registered for completeness; not used
+                                    by tc, which lets HBONE through to it untouched) */
+  SM_LISTENER_KIND_COUNT = 3,
+};
+
+/* Key of SM_MAP_LISTENERS (a SOCKHASH of listening sockets): the pod's IP and the listener. */
+struct sm_listener_key {
+  struct sm_ip ip;
+  __u32 kind; /* enum sm_listener_kind */
+};
+
+/* Key of SM_MAP_BYPASS (a SOCKHASH of connected sockets) and of SM_MAP_STACK_FLOWS: one end of a
+ * TCP connection, from that socket's point of view. Ports in host order. */
+struct sm_flow_key {
+  struct sm_ip local;
+  struct sm_ip remote;
+  __u16 local_port;
+  __u16 remote_port;
+};
+
+/* Indexes into SM_MAP_COUNTERS (a per-CPU array of __u64). Names for humans are in
+ * sm_counter_names() of loader/maps/counters.h; add both together. */
+enum sm_counter {
+  SM_CNT_CAPTURED_OUTBOUND = 0, /* outbound SYNs assigned to the proxy's 15001 listener */
+  SM_CNT_CAPTURED_INBOUND,      /* inbound SYNs assigned to the proxy's 15006 listener */
+  SM_CNT_BOUNCED,               /* packets tc egress bounced into ingress */
+  SM_CNT_PASSED,                /* packets of enrolled pods tc let through untouched */
+  SM_CNT_NOT_ENROLLED,          /* packets tc saw for an IP that is not enrolled */
+  SM_CNT_PROXY_SKIPPED,         /* packets skipped by tc for carrying SM_MARK_PROXY */
+  SM_CNT_NO_LISTENER,           /* SYNs to capture while the proxy's listener was missing */
+  SM_CNT_ASSIGN_FAILED,         /* bpf_sk_assign refused */
+  SM_CNT_TC_PAYLOAD,            /* TCP packets with payload that tc bounced or captured */
+  SM_CNT_BYPASS_SENDS,          /* sendmsg redirected to the peer by sk_msg */
+  SM_CNT_BYPASS_MISSES,         /* sendmsg whose peer was not in the SOCKHASH: went via the stack */
+  SM_CNT_BYPASS_PINNED,         /* sendmsg kept on the stack path because an earlier one missed */
+  SM_CNT_SOCKOPS_INSERTED,      /* sockets added to the bypass SOCKHASH */
+  SM_CNT_SOCKOPS_INSERT_FAILED, /* sockets the kernel refused to add */
+  SM_CNT_COUNT,
+};
+
+SM_STATIC_ASSERT(sizeof(struct sm_ip) == 16, "sm_ip is 16 bytes");
+SM_STATIC_ASSERT(__alignof__(struct sm_ip) == 4, "sm_ip is word aligned");
+SM_STATIC_ASSERT(sizeof(struct sm_workload) == 656, "sm_workload layout changed");
+SM_STATIC_ASSERT(__builtin_offsetof(struct sm_workload, flags) == 640, "sm_workload.flags");
+SM_STATIC_ASSERT(__builtin_offsetof(struct sm_workload, netns_cookie) == 648,
+                 "sm_workload.netns_cookie");
+SM_STATIC_ASSERT(sizeof(struct sm_listener_key) == 20, "sm_listener_key is 20 bytes");
+SM_STATIC_ASSERT(sizeof(struct sm_flow_key) == 36, "sm_flow_key is 36 bytes");
+SM_STATIC_ASSERT(sizeof(enum sm_counter) == 4, "enums are 4 bytes in both languages");

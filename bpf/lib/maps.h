@@ -1,0 +1,94 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+#pragma once
+/* Every sockmesh map, defined once and included by each BPF object. Maps are pinned by name under
+ * the loader's pin root, so the capture and bypass objects (and a restarted loader) share the same
+ * instances: libbpf reuses a pinned map when its type, sizes and flags match. */
+#include "lib/common.h"
+
+/* Workload records keyed by IP (struct sm_ip). */
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, SM_MAX_WORKLOADS);
+  __uint(map_flags, BPF_F_NO_PREALLOC);
+  __type(key, struct sm_ip);
+  __type(value, struct sm_workload);
+  __uint(pinning, LIBBPF_PIN_BY_NAME);
+} sm_workloads SEC(".maps");
+
+/* The proxy's listening sockets in each pod, by (pod IP, listener kind). The proxy inserts them;
+ * tc looks them up and assigns captured SYNs to them. */
+struct {
+  __uint(type, BPF_MAP_TYPE_SOCKHASH);
+  __uint(max_entries, SM_MAX_LISTENERS);
+  __type(key, struct sm_listener_key);
+  __type(value, __u64);
+  __uint(pinning, LIBBPF_PIN_BY_NAME);
+} sm_listeners SEC(".maps");
+
+/* Per-CPU counters indexed by enum sm_counter. */
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, SM_CNT_COUNT);
+  __type(key, __u32);
+  __type(value, __u64);
+  __uint(pinning, LIBBPF_PIN_BY_NAME);
+} sm_counters SEC(".maps");
+
+/* Connected sockets of app <-> proxy pairs, by their own 4-tuple; the sk_msg program is attached
+ * to this map and redirects each send to the peer found under the reversed tuple. */
+struct {
+  __uint(type, BPF_MAP_TYPE_SOCKHASH);
+  __uint(max_entries, SM_MAX_BYPASS_SOCKETS);
+  __type(key, struct sm_flow_key);
+  __type(value, __u64);
+  __uint(pinning, LIBBPF_PIN_BY_NAME);
+} sm_bypass SEC(".maps");
+
+/* Sockets that sent through the stack once (their peer was not yet in sm_bypass): they keep doing
+ * so, because bytes redirected later would overtake the ones still queued in the peer's normal
+ * receive queue (the sockmap queue is read first). LRU: entries of closed sockets age out. */
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, SM_MAX_STACK_FLOWS);
+  __type(key, struct sm_flow_key);
+  __type(value, __u32);
+  __uint(pinning, LIBBPF_PIN_BY_NAME);
+} sm_stack_flows SEC(".maps");
+
+/* Active ends inserted into sm_bypass whose passive peer has not been established yet: the passive
+ * side goes into sm_bypass only if it finds (and consumes) its peer here. A separate map because
+ * sockops may not look sockets up in a SOCKHASH (it cannot release the reference). LRU: an entry
+ * whose peer never shows up ages out. */
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, SM_MAX_AWAIT_PEER);
+  __type(key, struct sm_flow_key);
+  __type(value, __u32);
+  __uint(pinning, LIBBPF_PIN_BY_NAME);
+} sm_await_peer SEC(".maps");
+
+static __always_inline void sm_count(enum sm_counter counter) {
+  __u32 key = counter;
+  __u64* value = bpf_map_lookup_elem(&sm_counters, &key);
+  if (value) *value += 1; /* per-CPU slot: no atomic needed */
+}
+
+static __always_inline struct sm_workload* sm_workload_of(const struct sm_ip* ip) {
+  return bpf_map_lookup_elem(&sm_workloads, ip);
+}
+
+static __always_inline void sm_ip_from_v4(struct sm_ip* ip, __u32 addr_be) {
+  __u32* w = (__u32*)ip->addr;
+  w[0] = 0;
+  w[1] = 0;
+  w[2] = bpf_htonl(0x0000ffff);
+  w[3] = addr_be;
+}
+
+static __always_inline void sm_ip_from_v6(struct sm_ip* ip, const __u32 addr_be[4]) {
+  __u32* w = (__u32*)ip->addr;
+  w[0] = addr_be[0];
+  w[1] = addr_be[1];
+  w[2] = addr_be[2];
+  w[3] = addr_be[3];
+}

@@ -1,0 +1,62 @@
+#pragma once
+// rtnetlink in the calling thread's network namespace (libmnl): the policy routing and the
+// per-device IPv4 settings that capture needs inside a pod. No `ip` or `sysctl` processes.
+#include <libmnl/libmnl.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "loader/maps/result.h"
+
+namespace sockmesh::loader {
+
+using maps::Error;
+using maps::Result;
+using maps::Status;
+
+// `ip rule ... fwmark <mark>/<mask> lookup <table> pref <priority>`
+struct FwmarkRule {
+  int family = 0;  // AF_INET or AF_INET6
+  uint32_t mark = 0;
+  uint32_t mask = 0;
+  uint32_t table = 0;
+  uint32_t priority = 0;
+};
+
+// `ip route ... local default dev <ifindex> table <table>`
+struct LocalDefaultRoute {
+  int family = 0;
+  uint32_t table = 0;
+  int ifindex = 0;
+};
+
+class RouteNetlink {
+ public:
+  // A NETLINK_ROUTE socket bound in the calling thread's current netns.
+  static Result<RouteNetlink> open();
+
+  // Add: fine if present (returns false then). Remove: fine if absent (returns false then).
+  Result<bool> add(const FwmarkRule& rule);
+  Result<bool> remove(const FwmarkRule& rule);
+  Result<bool> add(const LocalDefaultRoute& route);
+  Result<bool> remove(const LocalDefaultRoute& route);
+
+  // Per-device IPv4 settings (net.ipv4.conf.<dev>.<name>), by IPV4_DEVCONF_* id, through
+  // RTM_GETLINK / RTM_SETLINK IFLA_AF_SPEC/AF_INET/IFLA_INET_CONF.
+  Result<uint32_t> ipv4_devconf(int ifindex, int devconf_id);
+  Status set_ipv4_devconf(int ifindex, int devconf_id, uint32_t value);
+
+ private:
+  struct SocketCloser {
+    void operator()(mnl_socket* s) const { mnl_socket_close(s); }
+  };
+  explicit RouteNetlink(mnl_socket* s) : sock_(s) {}
+  // Sends one request and waits for its ack (or its one reply, passed to `on_reply`).
+  int request(nlmsghdr* msg, mnl_cb_t on_reply, void* data);
+
+  std::unique_ptr<mnl_socket, SocketCloser> sock_;
+  uint32_t seq_ = 0;
+};
+
+}  // namespace sockmesh::loader

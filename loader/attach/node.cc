@@ -1,0 +1,366 @@
+#include "loader/attach/node.h"
+
+#include <bpf/bpf.h>
+#include <fcntl.h>
+#include <linux/bpf.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "base/log.h"
+#include "bypass.skel.h"
+#include "capture.skel.h"
+#include "loader/attach/bpffs.h"
+#include "loader/attach/preflight.h"
+#include "loader/attach/skeleton.h"
+#include "loader/maps/unique_fd.h"
+#include "loader/maps/workload_map.h"
+
+namespace sockmesh::loader {
+namespace {
+
+using maps::UniqueFd;
+
+constexpr const char* kMapNames[] = {SM_MAP_WORKLOADS, SM_MAP_LISTENERS,   SM_MAP_COUNTERS,
+                                     SM_MAP_BYPASS,    SM_MAP_STACK_FLOWS, SM_MAP_AWAIT_PEER};
+constexpr const char* kProgramNames[] = {kProgTcEgress, kProgTcIngress, kProgSockops, kProgSkMsg};
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return lstat(path.c_str(), &st) == 0;
+}
+
+std::string hex(const uint8_t* bytes, size_t n) {
+  std::string out;
+  char buf[3];
+  for (size_t i = 0; i < n; ++i) {
+    snprintf(buf, sizeof(buf), "%02x", bytes[i]);
+    out += buf;
+  }
+  return out;
+}
+
+// What makes two loaded programs the same: their instructions (the tag) and their knobs (the
+// content of their .rodata map, which the tag does not cover).
+struct ProgramIdentity {
+  uint32_t id = 0;
+  std::string tag;
+  std::string rodata;
+  bool operator==(const ProgramIdentity& o) const { return tag == o.tag && rodata == o.rodata; }
+};
+
+Result<ProgramIdentity> identity_of(int prog_fd) {
+  bpf_prog_info info{};
+  uint32_t len = sizeof(info);
+  if (bpf_obj_get_info_by_fd(prog_fd, &info, &len) != 0) {
+    return Error::from_errno(errno, "reading BPF program info");
+  }
+  ProgramIdentity out;
+  out.id = info.id;
+  out.tag = hex(info.tag, sizeof(info.tag));
+  std::vector<uint32_t> map_ids(info.nr_map_ids);
+  if (!map_ids.empty()) {
+    bpf_prog_info again{};
+    again.nr_map_ids = static_cast<uint32_t>(map_ids.size());
+    again.map_ids = reinterpret_cast<uint64_t>(map_ids.data());
+    len = sizeof(again);
+    if (bpf_obj_get_info_by_fd(prog_fd, &again, &len) != 0) {
+      return Error::from_errno(errno, "reading BPF program maps");
+    }
+  }
+  for (uint32_t map_id : map_ids) {
+    UniqueFd map(bpf_map_get_fd_by_id(map_id));
+    if (!map) continue;
+    bpf_map_info minfo{};
+    uint32_t mlen = sizeof(minfo);
+    if (bpf_obj_get_info_by_fd(map.get(), &minfo, &mlen) != 0) continue;
+    if (std::strstr(minfo.name, ".rodata") == nullptr) continue;
+    std::string value(minfo.value_size, '\0');
+    uint32_t zero = 0;
+    if (bpf_map_lookup_elem(map.get(), &zero, value.data()) == 0) out.rodata = value;
+  }
+  return out;
+}
+
+// Pins `prog_fd` at `path` unless an identical program is pinned there already. Replacing goes
+// through a temporary pin and rename(), so the path never disappears.
+Result<bool> pin_program(int prog_fd, const std::string& path) {
+  auto fresh = identity_of(prog_fd);
+  if (!fresh) return fresh.error();
+  if (exists(path)) {
+    UniqueFd pinned(bpf_obj_get(path.c_str()));
+    if (pinned) {
+      auto old = identity_of(pinned.get());
+      if (old && old.value() == fresh.value()) return false;
+    }
+    std::string tmp = path + "_next";  // bpffs refuses names with a dot
+    unlink(tmp.c_str());
+    if (bpf_obj_pin(prog_fd, tmp.c_str()) != 0) return Error::from_errno(errno, "pinning " + tmp);
+    if (rename(tmp.c_str(), path.c_str()) != 0) {
+      int err = errno;
+      unlink(tmp.c_str());
+      return Error::from_errno(err, "replacing " + path);
+    }
+    return true;
+  }
+  if (bpf_obj_pin(prog_fd, path.c_str()) != 0) return Error::from_errno(errno, "pinning " + path);
+  return true;
+}
+
+Result<UniqueFd> open_pin(const std::string& path, const char* what) {
+  UniqueFd fd(bpf_obj_get(path.c_str()));
+  if (!fd) {
+    int err = errno;
+    if (err == ENOENT) return Error{err, std::string(what) + " is not pinned at " + path};
+    return Error::from_errno(err, "opening " + path);
+  }
+  return fd;
+}
+
+Status attach_sockops(const std::string& pin_root, const std::string& cgroup_dir, int prog_fd,
+                      InstallReport* report) {
+  auto want_id = cgroup_id_of(cgroup_dir);
+  if (!want_id) return want_id.error();
+  auto prog = identity_of(prog_fd);
+  if (!prog) return prog.error();
+  std::string path = link_pin(pin_root, kLinkSockops);
+
+  if (exists(path)) {
+    auto link = open_pin(path, "the sockops link");
+    if (!link) return link.error();
+    bpf_link_info info{};
+    uint32_t len = sizeof(info);
+    if (bpf_obj_get_info_by_fd(link->get(), &info, &len) != 0) {
+      return Error::from_errno(errno, "reading " + path);
+    }
+    if (info.cgroup.cgroup_id == 0) {
+      // Its cgroup was removed; the link is dead weight.
+      unlink(path.c_str());
+      report->changes.push_back("dropped the sockops link of a removed cgroup");
+    } else if (info.cgroup.cgroup_id != *want_id) {
+      return Error{EEXIST, "sockops of pin root " + pin_root + " is attached to cgroup id " +
+                               std::to_string(info.cgroup.cgroup_id) + ", not to " + cgroup_dir +
+                               " (id " + std::to_string(*want_id) +
+                               "): uninstall first, or install with the same --cgroup"};
+    } else {
+      if (info.prog_id != prog->id) {
+        if (bpf_link_update(link->get(), prog_fd, nullptr) != 0) {
+          return Error::from_errno(errno, "moving the sockops link to the new program");
+        }
+        report->changes.push_back("sockops link now runs program id " + std::to_string(prog->id));
+      }
+      return {};
+    }
+  }
+
+  UniqueFd cgroup(::open(cgroup_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!cgroup) return Error::from_errno(errno, "opening cgroup " + cgroup_dir);
+  UniqueFd link(bpf_link_create(prog_fd, cgroup.get(), BPF_CGROUP_SOCK_OPS, nullptr));
+  if (!link) return Error::from_errno(errno, "attaching sockops to cgroup " + cgroup_dir);
+  if (bpf_obj_pin(link.get(), path.c_str()) != 0)
+    return Error::from_errno(errno, "pinning " + path);
+  report->changes.push_back("attached sockops to cgroup " + cgroup_dir);
+  return {};
+}
+
+Result<uint32_t> attached_sk_msg(int map_fd) {
+  uint32_t ids[4] = {};
+  uint32_t count = 4;
+  uint32_t flags = 0;
+  if (bpf_prog_query(map_fd, BPF_SK_MSG_VERDICT, 0, &flags, ids, &count) != 0) {
+    return Error::from_errno(errno, "querying the sk_msg program of " SM_MAP_BYPASS);
+  }
+  return count > 0 ? ids[0] : 0u;
+}
+
+Status attach_sk_msg(const std::string& pin_root, int prog_fd, InstallReport* report) {
+  auto map = open_pin(pin_root + "/" + SM_MAP_BYPASS, "the bypass map");
+  if (!map) return map.error();
+  auto prog = identity_of(prog_fd);
+  if (!prog) return prog.error();
+  auto current = attached_sk_msg(map->get());
+  if (current && *current == prog->id) return {};
+  if (bpf_prog_attach(prog_fd, map->get(), BPF_SK_MSG_VERDICT, 0) != 0) {
+    return Error::from_errno(errno, "attaching sk_msg to " SM_MAP_BYPASS);
+  }
+  report->changes.push_back("attached sk_msg (program id " + std::to_string(prog->id) + ") to " +
+                            SM_MAP_BYPASS);
+  return {};
+}
+
+template <typename Skel>
+Status pin_programs(const BpfSkeleton<Skel>& skel, const std::string& pin_root,
+                    InstallReport* report) {
+  bpf_program* prog = nullptr;
+  bpf_object__for_each_program(prog, skel->obj) {
+    std::string name = bpf_program__name(prog);
+    auto changed = pin_program(bpf_program__fd(prog), program_pin(pin_root, name));
+    if (!changed) return changed.error();
+    if (*changed) report->changes.push_back("pinned program " + name);
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string program_pin(const std::string& pin_root, const std::string& program) {
+  return pin_root + "/" SM_PIN_PROGS_DIR "/" + program;
+}
+
+std::string link_pin(const std::string& pin_root, const std::string& link) {
+  return pin_root + "/" SM_PIN_LINKS_DIR "/" + link;
+}
+
+Result<uint64_t> cgroup_id_of(const std::string& cgroup_dir) {
+  struct stat st {};
+  if (stat(cgroup_dir.c_str(), &st) != 0) {
+    return Error::from_errno(errno, "cgroup " + cgroup_dir);
+  }
+  if (!S_ISDIR(st.st_mode)) return Error{ENOTDIR, "cgroup " + cgroup_dir + " is not a directory"};
+  return static_cast<uint64_t>(st.st_ino);
+}
+
+Result<InstallReport> install(const InstallOptions& options) {
+  InstallReport report;
+  if (auto s = require_capabilities(
+          {Capability::kBpf, Capability::kNetAdmin, Capability::kSysAdmin}, "install");
+      !s) {
+    return s.error();
+  }
+  if (auto s = probe_kernel_features(); !s) return s.error();
+
+  std::string cgroup = options.cgroup;
+  if (cgroup.empty()) {
+    auto found = find_cgroup2_mount();
+    if (!found) return found.error();
+    cgroup = *found;
+  }
+
+  const std::string& root = options.pin_root;
+  bool fresh = !exists(root + "/" + SM_MAP_WORKLOADS);
+  if (auto s = ensure_bpffs_dir(root); !s) return s.error();
+  for (const char* sub : {SM_PIN_PROGS_DIR, SM_PIN_LINKS_DIR}) {
+    if (auto s = make_dirs(root + "/" + sub, 0700); !s) return s.error();
+  }
+
+  // Loading creates the maps, or reuses the pinned ones (libbpf checks their shape).
+  auto capture = BpfSkeleton<capture_bpf>::open("capture", root);
+  if (!capture) return capture.error();
+  capture.value()->rodata->cfg_fail_open = options.fail_open;
+  if (auto s = capture->load(); !s) return s.error();
+  auto bypass = BpfSkeleton<bypass_bpf>::open("bypass", root);
+  if (!bypass) return bypass.error();
+  bypass.value()->rodata->cfg_bypass = options.bypass;
+  if (auto s = bypass->load(); !s) return s.error();
+  if (fresh) report.changes.push_back("created and pinned the maps under " + root);
+
+  if (auto s = pin_programs(*capture, root, &report); !s) return s.error();
+  if (auto s = pin_programs(*bypass, root, &report); !s) return s.error();
+
+  // Attach what is pinned (the pinned program may be an identical older instance).
+  auto sockops = open_pin(program_pin(root, kProgSockops), "the sockops program");
+  if (!sockops) return sockops.error();
+  if (auto s = attach_sockops(root, cgroup, sockops->get(), &report); !s) return s.error();
+  auto sk_msg = open_pin(program_pin(root, kProgSkMsg), "the sk_msg program");
+  if (!sk_msg) return sk_msg.error();
+  if (auto s = attach_sk_msg(root, sk_msg->get(), &report); !s) return s.error();
+
+  for (const auto& c : report.changes) SM_INFO("loader") << "install: " << c;
+  return report;
+}
+
+Status uninstall(const std::string& pin_root, bool force) {
+  if (auto s = require_capabilities({Capability::kBpf, Capability::kNetAdmin}, "uninstall"); !s) {
+    return s;
+  }
+  if (!exists(pin_root)) return {};
+  if (auto workloads = maps::WorkloadMapReader::open(pin_root)) {
+    auto listed = workloads->list();
+    if (listed && !listed->empty() && !force) {
+      return Error{EBUSY, std::to_string(listed->size()) +
+                              " workload IPs are still enrolled under " + pin_root +
+                              ": unenroll them first (or uninstall --force)"};
+    }
+  }
+
+  std::string link_path = link_pin(pin_root, kLinkSockops);
+  if (exists(link_path)) {
+    if (UniqueFd link(bpf_obj_get(link_path.c_str())); link) {
+      // Detach now, even if something else still holds the link open.
+      if (bpf_link_detach(link.get()) != 0 && errno != EINVAL && errno != ENOLINK) {
+        return Error::from_errno(errno, "detaching the sockops link");
+      }
+    }
+  }
+  {
+    UniqueFd map(bpf_obj_get((pin_root + "/" + SM_MAP_BYPASS).c_str()));
+    UniqueFd prog(bpf_obj_get(program_pin(pin_root, kProgSkMsg).c_str()));
+    if (map && prog) bpf_prog_detach2(prog.get(), map.get(), BPF_SK_MSG_VERDICT);
+  }
+
+  auto remove = [](const std::string& path) -> Status {
+    if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+      return Error::from_errno(errno, "removing " + path);
+    }
+    return {};
+  };
+  if (auto s = remove(link_path); !s) return s;
+  for (const char* p : kProgramNames) {
+    if (auto s = remove(program_pin(pin_root, p)); !s) return s;
+    if (auto s = remove(program_pin(pin_root, p) + "_next"); !s) return s;
+  }
+  for (const char* m : kMapNames) {
+    if (auto s = remove(pin_root + "/" + m); !s) return s;
+  }
+  for (const char* sub : {SM_PIN_PROGS_DIR, SM_PIN_LINKS_DIR}) {
+    std::string dir = pin_root + "/" + sub;
+    if (rmdir(dir.c_str()) != 0 && errno != ENOENT) {
+      return Error::from_errno(errno, "removing " + dir + " (unknown pins left in it?)");
+    }
+  }
+  // A bpffs that install mounted at the pin root itself (outside /sys/fs/bpf) goes as well.
+  std::string parent = pin_root.substr(0, pin_root.find_last_of('/'));
+  if (is_on_bpffs(pin_root) && !is_on_bpffs(parent.empty() ? "/" : parent)) {
+    if (umount2(pin_root.c_str(), MNT_DETACH) != 0) {
+      return Error::from_errno(errno, "unmounting the bpffs at " + pin_root);
+    }
+  }
+  if (rmdir(pin_root.c_str()) != 0 && errno != ENOENT) {
+    return Error::from_errno(errno, "removing " + pin_root + " (unknown pins left in it?)");
+  }
+  SM_INFO("loader") << "uninstall: removed everything under " << pin_root;
+  return {};
+}
+
+Result<NodeStatus> node_status(const std::string& pin_root) {
+  NodeStatus out;
+  for (const char* m : kMapNames) {
+    if (exists(pin_root + "/" + m)) out.map_names.emplace_back(m);
+  }
+  out.installed = !out.map_names.empty();
+  for (const char* p : kProgramNames) {
+    UniqueFd fd(bpf_obj_get(program_pin(pin_root, p).c_str()));
+    if (!fd) continue;
+    auto id = identity_of(fd.get());
+    if (id) out.programs.push_back({p, id->id, id->tag});
+  }
+  if (UniqueFd link(bpf_obj_get(link_pin(pin_root, kLinkSockops).c_str())); link) {
+    bpf_link_info info{};
+    uint32_t len = sizeof(info);
+    if (bpf_obj_get_info_by_fd(link.get(), &info, &len) == 0) {
+      out.sockops_link_id = info.id;
+      if (info.cgroup.cgroup_id != 0) out.sockops_cgroup_id = info.cgroup.cgroup_id;
+    }
+  }
+  if (UniqueFd map(bpf_obj_get((pin_root + "/" + SM_MAP_BYPASS).c_str())); map) {
+    auto id = attached_sk_msg(map.get());
+    out.sk_msg_attached = id && *id != 0;
+  }
+  return out;
+}
+
+}  // namespace sockmesh::loader

@@ -1,0 +1,100 @@
+#include "loader/attach/preflight.h"
+
+#include <bpf/libbpf.h>
+#include <linux/bpf.h>
+#include <linux/capability.h>
+#include <sys/syscall.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "loader/attach/skeleton.h"
+
+namespace sockmesh::loader {
+namespace {
+
+const char* capability_name(Capability c) {
+  switch (c) {
+    case Capability::kNetAdmin:
+      return "CAP_NET_ADMIN";
+    case Capability::kSysAdmin:
+      return "CAP_SYS_ADMIN";
+    case Capability::kBpf:
+      return "CAP_BPF";
+  }
+  return "?";
+}
+
+bool has_capability(const __user_cap_data_struct (&data)[2], int cap) {
+  return (data[cap / 32].effective & (1u << (cap % 32))) != 0;
+}
+
+}  // namespace
+
+Status require_capabilities(const std::vector<Capability>& needed, const std::string& for_what) {
+  __user_cap_header_struct header{};
+  header.version = _LINUX_CAPABILITY_VERSION_3;
+  header.pid = 0;
+  __user_cap_data_struct data[2]{};
+  if (syscall(SYS_capget, &header, data) != 0) {
+    return Error::from_errno(errno, "reading this process's capabilities");
+  }
+  std::string missing;
+  for (Capability c : needed) {
+    int cap = static_cast<int>(c);
+    bool ok =
+        has_capability(data, cap) ||
+        (c == Capability::kBpf && has_capability(data, static_cast<int>(Capability::kSysAdmin)));
+    if (!ok) missing += std::string(missing.empty() ? "" : ", ") + capability_name(c);
+  }
+  if (!missing.empty()) return Error{EPERM, for_what + " needs " + missing + " (run as root)"};
+  return {};
+}
+
+Status probe_kernel_features() {
+  route_libbpf_logs();
+  struct ProgProbe {
+    bpf_prog_type type;
+    const char* name;
+  };
+  struct HelperProbe {
+    bpf_prog_type type;
+    bpf_func_id helper;
+    const char* name;
+  };
+  std::string missing;
+  auto note = [&](const std::string& what) { missing += (missing.empty() ? "" : "; ") + what; };
+  for (auto p : {ProgProbe{BPF_PROG_TYPE_SCHED_CLS, "tc programs (sched_cls)"},
+                 ProgProbe{BPF_PROG_TYPE_SOCK_OPS, "sockops programs (4.13)"},
+                 ProgProbe{BPF_PROG_TYPE_SK_MSG, "sk_msg programs (4.17)"}}) {
+    if (libbpf_probe_bpf_prog_type(p.type, nullptr) != 1) note(p.name);
+  }
+  if (libbpf_probe_bpf_map_type(BPF_MAP_TYPE_SOCKHASH, nullptr) != 1) note("SOCKHASH maps (4.18)");
+  if (libbpf_probe_bpf_map_type(BPF_MAP_TYPE_LRU_HASH, nullptr) != 1) note("LRU hash maps");
+  for (auto h :
+       {HelperProbe{BPF_PROG_TYPE_SCHED_CLS, BPF_FUNC_sk_assign, "bpf_sk_assign (5.7)"},
+        HelperProbe{BPF_PROG_TYPE_SCHED_CLS, BPF_FUNC_skc_lookup_tcp, "bpf_skc_lookup_tcp (5.2)"},
+        HelperProbe{BPF_PROG_TYPE_SCHED_CLS, BPF_FUNC_redirect, "bpf_redirect"},
+        HelperProbe{BPF_PROG_TYPE_SOCK_OPS, BPF_FUNC_sock_hash_update,
+                    "bpf_sock_hash_update (4.18)"},
+        HelperProbe{BPF_PROG_TYPE_SK_MSG, BPF_FUNC_msg_redirect_hash,
+                    "bpf_msg_redirect_hash (4.18)"}}) {
+    if (libbpf_probe_bpf_helper(h.type, h.helper, nullptr) != 1) note(h.name);
+  }
+  // Not probeable by helper: a SOCKHASH lookup that returns a socket to tc (5.8).
+  utsname u{};
+  if (uname(&u) == 0) {
+    char* end = nullptr;
+    long major = std::strtol(u.release, &end, 10);
+    long minor = (end != nullptr && *end == '.') ? std::strtol(end + 1, nullptr, 10) : 0;
+    if (major < 5 || (major == 5 && minor < 8)) {
+      note(std::string("kernel ") + u.release + " < 5.8 (sockets from SOCKHASH lookups in tc)");
+    }
+  }
+  if (!missing.empty()) return Error{ENOTSUP, "the kernel lacks: " + missing};
+  return {};
+}
+
+}  // namespace sockmesh::loader

@@ -1,0 +1,66 @@
+#include "loader/maps/counters.h"
+
+#include <bpf/libbpf.h>
+#include <linux/bpf.h>
+
+#include <vector>
+
+namespace sockmesh::maps {
+namespace {
+
+struct CounterInfo {
+  std::string_view name;
+  std::string_view help;
+};
+
+// Indexed by enum sm_counter; the static_assert below keeps the two in step.
+constexpr CounterInfo kCounters[] = {
+    {"captured_outbound", "outbound SYNs assigned to the proxy's 15001 listener"},
+    {"captured_inbound", "inbound SYNs assigned to the proxy's 15006 listener"},
+    {"bounced", "packets tc egress bounced into ingress"},
+    {"passed", "packets tc let through untouched"},
+    {"not_enrolled", "packets tc saw for an IP that is not enrolled"},
+    {"proxy_skipped", "packets skipped by tc for carrying the proxy's mark"},
+    {"no_listener", "SYNs to capture while the proxy's listener was missing"},
+    {"assign_failed", "SYNs the kernel refused to assign to a listener"},
+    {"tc_payload", "TCP packets with payload bounced by tc (zero when the bypass works)"},
+    {"bypass_sends", "sends redirected to the local peer by sk_msg"},
+    {"bypass_misses", "sends whose peer was not in the SOCKHASH (went via the stack)"},
+    {"bypass_pinned", "sends kept on the stack path after an earlier miss"},
+    {"sockops_inserted", "sockets added to the bypass SOCKHASH"},
+    {"sockops_insert_failed", "sockets the kernel refused to add to the bypass SOCKHASH"},
+};
+static_assert(std::size(kCounters) == SM_CNT_COUNT, "name every enum sm_counter value");
+
+constexpr MapShape kCounterShape{BPF_MAP_TYPE_PERCPU_ARRAY, sizeof(uint32_t), sizeof(uint64_t)};
+
+}  // namespace
+
+std::string_view counter_name(sm_counter counter) {
+  return counter < SM_CNT_COUNT ? kCounters[counter].name : "unknown";
+}
+
+std::string_view counter_help(sm_counter counter) {
+  return counter < SM_CNT_COUNT ? kCounters[counter].help : "";
+}
+
+Result<CounterReader> CounterReader::open(const std::string& pin_root) {
+  auto map = PinnedMap::open(pin_root, SM_MAP_COUNTERS, Access::kReadOnly, kCounterShape);
+  if (!map) return map.error();
+  int cpus = libbpf_num_possible_cpus();
+  if (cpus <= 0) return Error::from_errno(-cpus, "counting possible CPUs");
+  return CounterReader(std::move(map).value(), cpus);
+}
+
+Result<CounterValues> CounterReader::read() const {
+  CounterValues totals{};
+  std::vector<uint64_t> per_cpu(static_cast<size_t>(cpus_));
+  for (uint32_t i = 0; i < SM_CNT_COUNT; ++i) {
+    int err = map_.lookup(&i, per_cpu.data());
+    if (err != 0) return Error::from_errno(-err, "reading " + map_.path());
+    for (uint64_t v : per_cpu) totals[i] += v;
+  }
+  return totals;
+}
+
+}  // namespace sockmesh::maps

@@ -1,0 +1,193 @@
+// Capture with real traffic: a pod and a peer in network namespaces of the test's own, sockmesh
+// installed under a pin root of its own with sockops on a cgroup of its own, and a small relay in
+// the pod standing in for the proxy (a transparent listener registered in the listener SOCKHASH).
+#include <sys/socket.h>
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstring>
+#include <optional>
+
+#include "base/log.h"
+#include "loader/attach/pod.h"
+#include "loader/maps/counters.h"
+#include "loader/maps/listener_map.h"
+#include "sockmesh/consts.h"
+#include "testing/privileged.h"
+#include "testing/sockets.h"
+#include "testing/system.h"
+
+namespace sockmesh {
+namespace {
+
+using maps::ListenerKind;
+using testing::EchoServer;
+using testing::Relay;
+
+class Privileged : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    testing::require_root();
+    testing::sweep_leftovers();
+    log::set_level(log::Level::kWarn);
+  }
+};
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Privileged);
+
+constexpr int kTimeoutMs = 5000;
+
+// Declaration order is teardown order reversed: the pod's namespaces go first (taking its tc
+// programs with them), then the install, then the cgroup.
+class CaptureFlowTest : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    auto l = maps::ListenerMap::open(install_.root());
+    ASSERT_TRUE(l) << l.error().message;
+    listeners_.emplace(std::move(l).value());
+  }
+
+  bool v6() const { return GetParam() == AF_INET6; }
+  IpAddress pod_ip() const { return v6() ? topo_.pod_v6 : topo_.pod_v4; }
+  IpAddress peer_ip() const { return v6() ? topo_.peer_v6 : topo_.peer_v4; }
+
+  void enroll(bool capture_inbound = true) {
+    loader::PodSpec pod;
+    pod.netns_path = topo_.pod.path();
+    pod.ifname = "eth0";
+    pod.ips = {topo_.pod_v4, topo_.pod_v6};
+    pod.identity.uid = "pod-a";
+    pod.identity.namespace_name = "default";
+    pod.identity.service_account = "sa-a";
+    pod.identity.capture_inbound = capture_inbound;
+    auto report = loader::enroll(install_.root(), pod);
+    ASSERT_TRUE(report) << report.error().message;
+  }
+
+  void unenroll() {
+    auto report = loader::unenroll(install_.root(), topo_.pod.path(), "eth0", {});
+    ASSERT_TRUE(report) << report.error().message;
+  }
+
+  uint64_t counter(sm_counter c) {
+    auto reader = maps::CounterReader::open(install_.root());
+    EXPECT_TRUE(reader);
+    auto values = reader->read();
+    EXPECT_TRUE(values);
+    return values ? (*values)[c] : 0;
+  }
+
+  testing::TestCgroup cgroup_;
+  testing::TestInstall install_{cgroup_.path()};
+  testing::PodTopology topo_;
+  std::optional<maps::ListenerMap> listeners_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Families, CaptureFlowTest, ::testing::Values(AF_INET, AF_INET6),
+                         [](const auto& info) { return info.param == AF_INET ? "IPv4" : "IPv6"; });
+
+TEST_P(CaptureFlowTest, OutboundConnectionReachesTheProxyWithItsOriginalDestination) {
+  EchoServer server(topo_.peer.path(), Endpoint{peer_ip(), 8080});
+  Relay proxy(topo_.pod.path(), *listeners_, pod_ip(), ListenerKind::kOutbound,
+              SM_MARK_PROXY_UPSTREAM);
+  enroll();
+
+  auto app = testing::connect_in(topo_.pod.path(), Endpoint{peer_ip(), 8080});
+  ASSERT_TRUE(app.valid()) << strerror(errno);
+  EXPECT_TRUE(
+      testing::echo_round_trip(app.get(), testing::pattern(size_t{256} * 1024, 1), kTimeoutMs));
+
+  auto captured = proxy.connections();
+  ASSERT_EQ(captured.size(), 1u) << "the connection must arrive at the proxy's 15001 listener";
+  EXPECT_EQ(captured[0].first, testing::local_of(app.get())) << "peer: the app's own socket";
+  EXPECT_EQ(captured[0].second, (Endpoint{peer_ip(), 8080})) << "local: the original destination";
+  auto served = server.connections();
+  ASSERT_EQ(served.size(), 1u);
+  EXPECT_EQ(served[0].first.ip, pod_ip()) << "the relay dialled out from the pod";
+  EXPECT_EQ(counter(SM_CNT_CAPTURED_OUTBOUND), 1u);
+}
+
+TEST_P(CaptureFlowTest, InboundConnectionToAnAppPortLandsOn15006) {
+  EchoServer app(topo_.pod.path(), Endpoint{pod_ip(), 8080});
+  Relay proxy(topo_.pod.path(), *listeners_, pod_ip(), ListenerKind::kInboundPlain,
+              SM_MARK_PROXY_TO_APP);
+  enroll();
+
+  auto client = testing::connect_in(topo_.peer.path(), Endpoint{pod_ip(), 8080});
+  ASSERT_TRUE(client.valid()) << strerror(errno);
+  EXPECT_TRUE(
+      testing::echo_round_trip(client.get(), testing::pattern(size_t{256} * 1024, 2), kTimeoutMs));
+
+  auto captured = proxy.connections();
+  ASSERT_EQ(captured.size(), 1u) << "the connection must arrive at the proxy's 15006 listener";
+  EXPECT_EQ(captured[0].first, testing::local_of(client.get()));
+  EXPECT_EQ(captured[0].second, (Endpoint{pod_ip(), 8080}));
+  auto direct = app.connections();
+  ASSERT_EQ(direct.size(), 1u);
+  EXPECT_EQ(direct[0].first.ip, pod_ip()) << "the app sees the relay, not the client";
+  EXPECT_EQ(counter(SM_CNT_CAPTURED_INBOUND), 1u);
+}
+
+TEST_P(CaptureFlowTest, InboundRelayMayKeepTheClientAddressTowardsTheApp) {
+  // The app's replies to the client's (non-local) address leave through eth0; tc egress finds the
+  // proxy's transparent socket for them and bounces them back to it.
+  EchoServer app(topo_.pod.path(), Endpoint{pod_ip(), 8080});
+  Relay proxy(topo_.pod.path(), *listeners_, pod_ip(), ListenerKind::kInboundPlain,
+              SM_MARK_PROXY_TO_APP, /*keep_source=*/true);
+  enroll();
+
+  auto client = testing::connect_in(topo_.peer.path(), Endpoint{pod_ip(), 8080});
+  ASSERT_TRUE(client.valid()) << strerror(errno);
+  EXPECT_TRUE(
+      testing::echo_round_trip(client.get(), testing::pattern(size_t{256} * 1024, 4), kTimeoutMs));
+  auto direct = app.connections();
+  ASSERT_EQ(direct.size(), 1u);
+  EXPECT_EQ(direct[0].first.ip, peer_ip()) << "the app sees the client's address";
+  EXPECT_EQ(counter(SM_CNT_CAPTURED_INBOUND), 1u);
+  EXPECT_GT(counter(SM_CNT_BOUNCED), 0u);
+}
+
+TEST_P(CaptureFlowTest, HboneOn15008IsNotCaptured) {
+  Relay proxy(topo_.pod.path(), *listeners_, pod_ip(), ListenerKind::kInboundPlain,
+              SM_MARK_PROXY_TO_APP);
+  auto hbone = testing::listen_in(topo_.pod.path(), Endpoint{pod_ip(), SM_PORT_HBONE},
+                                  testing::SocketOptions{.mark = SM_MARK_PROXY});
+  enroll();
+
+  auto client = testing::connect_in(topo_.peer.path(), Endpoint{pod_ip(), SM_PORT_HBONE});
+  ASSERT_TRUE(client.valid()) << strerror(errno);
+  auto accepted = testing::accept_within(hbone.get(), kTimeoutMs);
+  ASSERT_TRUE(accepted.valid()) << "HBONE must reach the 15008 listener";
+  EXPECT_EQ(testing::peer_of(accepted.get()), testing::local_of(client.get()));
+  EXPECT_EQ(proxy.accepted(), 0);
+  EXPECT_EQ(counter(SM_CNT_CAPTURED_INBOUND), 0u);
+}
+
+TEST_P(CaptureFlowTest, PodIsUntouchedBeforeEnrollAndAfterUnenroll) {
+  EchoServer server(topo_.peer.path(), Endpoint{peer_ip(), 8080});
+  Relay proxy(topo_.pod.path(), *listeners_, pod_ip(), ListenerKind::kOutbound,
+              SM_MARK_PROXY_UPSTREAM);
+  auto direct_connection = [&] {
+    auto app = testing::connect_in(topo_.pod.path(), Endpoint{peer_ip(), 8080});
+    ASSERT_TRUE(app.valid()) << strerror(errno);
+    EXPECT_TRUE(testing::echo_round_trip(app.get(), testing::pattern(4096, 3), kTimeoutMs));
+  };
+  std::string before = topo_.pod_snapshot();
+
+  direct_connection();
+  EXPECT_EQ(proxy.accepted(), 0) << "not enrolled: not captured";
+
+  enroll();
+  EXPECT_NE(topo_.pod_snapshot(), before);
+  direct_connection();
+  EXPECT_EQ(proxy.accepted(), 1) << "enrolled: captured";
+
+  unenroll();
+  EXPECT_EQ(topo_.pod_snapshot(), before) << "unenroll must restore the pod exactly";
+  direct_connection();
+  EXPECT_EQ(proxy.accepted(), 1) << "unenrolled: not captured any more";
+  EXPECT_EQ(server.accepted(), 3);
+}
+
+}  // namespace
+}  // namespace sockmesh
