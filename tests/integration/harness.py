@@ -145,6 +145,8 @@ class ProxyNode:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        if getattr(self, "log", None) and not self.log.closed:
+            self.log.close()
 
 
 # ---------------------------------------------------------------------------------------------

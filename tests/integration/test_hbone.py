@@ -227,6 +227,30 @@ class DrainTest(MeshTest):
         self.assertEqual(rc, 0)
         self.assertIn("draining", self.mesh.b.logs())
 
+    def test_drain_deadline_closes_what_is_left(self):
+        s, rep = self.mesh.connect()
+        self.assertEqual(rep, 0)
+        self.whoami(s)
+        t0 = time.time()
+        self.mesh.b.proc.send_signal(harness.signal.SIGTERM)
+        # New connections are refused while draining...
+        time.sleep(0.3)
+        s2, rep2 = self.mesh.connect()
+        self.assertNotEqual(rep2, 0, "a new tunnel during drain")
+        # ...and the stream that never ends is closed at the 3 s deadline, not left hanging.
+        s.settimeout(10)
+        try:
+            ended = s.recv(10) == b""
+        except OSError:
+            ended = True
+        self.assertTrue(ended)
+        rc = self.mesh.b.proc.wait(10)
+        elapsed = time.time() - t0
+        self.assertEqual(rc, 0)
+        self.assertGreaterEqual(elapsed, 2.5)
+        self.assertLess(elapsed, 8)
+        self.assertIn("drain deadline reached", self.mesh.b.logs())
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
