@@ -2,6 +2,7 @@
 // The bookkeeping every proxied connection carries, whatever its role: counted as active (drain
 // waits for it), metrics opened/closed with Istio's labels, byte counts, registration for policy
 // re-checks, and one access-log line at the end.
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -44,5 +45,27 @@ class ConnectionRecord {
   std::optional<uint64_t> tracked_;
   bool finished_ = false;
 };
+
+// A relay's progress callback that counts bytes on `record`. `forward_is_outgoing` says whether
+// the relay's forward direction carries bytes towards the destination.
+inline std::function<void(bool, size_t)> count_bytes(std::shared_ptr<ConnectionRecord> record,
+                                                     bool forward_is_outgoing) {
+  return [record = std::move(record), forward_is_outgoing](bool forward, size_t n) {
+    if (forward == forward_is_outgoing) {
+      record->add_sent(n);
+    } else {
+      record->add_received(n);
+    }
+  };
+}
+
+// A relay's completion callback that ends `record` with the relay's error, if any.
+template <typename RelayResult>
+std::function<void(const RelayResult&)> finish_when_done(std::shared_ptr<ConnectionRecord> record) {
+  return [record = std::move(record)](const RelayResult& res) {
+    record->finish(res.error, res.error.empty() ? observe::ResponseFlags::kNone
+                                                : observe::ResponseFlags::kConnectionFailure);
+  };
+}
 
 }  // namespace sockmesh::proxy

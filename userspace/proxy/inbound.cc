@@ -152,19 +152,9 @@ void handle_request(ProxyContext& ctx, Worker& worker, std::shared_ptr<InboundSe
          record->track(dst_uid, facts, [weak](const std::string& reason) {
            if (auto r = weak.lock()) r->abort(reason);
          });
-         relay->start(
-             [record](const TunnelRelay::Result& res) {
-               record->finish(res.error, res.error.empty() ? ResponseFlags::kNone
-                                                           : ResponseFlags::kConnectionFailure);
-             },
-             [record](bool to_stream, size_t n) {
-               // to_stream: from the application back to the client.
-               if (to_stream) {
-                 record->add_received(n);
-               } else {
-                 record->add_sent(n);
-               }
-             });
+         // The relay's socket is the application: socket-to-stream flows back to the client.
+         relay->start(finish_when_done<TunnelRelay::Result>(record),
+                      count_bytes(record, /*forward_is_outgoing=*/false));
        });
 }
 

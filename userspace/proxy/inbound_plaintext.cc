@@ -69,18 +69,8 @@ void InboundPlaintext::handle(Worker& worker, Tcp::socket socket) {
          record->track(uid, facts, [weak](const std::string& reason) {
            if (auto rl = weak.lock()) rl->abort(reason);
          });
-         relay->start(
-             [record](const net::TcpRelay::Result& res) {
-               record->finish(res.error, res.error.empty() ? ResponseFlags::kNone
-                                                           : ResponseFlags::kConnectionFailure);
-             },
-             [record](bool a_to_b, size_t n) {
-               if (a_to_b) {
-                 record->add_sent(n);
-               } else {
-                 record->add_received(n);
-               }
-             });
+         relay->start(finish_when_done<net::TcpRelay::Result>(record),
+                      count_bytes(record, /*forward_is_outgoing=*/true));
        });
 }
 

@@ -27,8 +27,11 @@ std::string baggage_of(const state::Workload& w) {
   return b;
 }
 
-void fail_client(const Outbound::ClientSocket& client, const Outbound::Ready& ready,
+// Ends the record and tells the client: through `ready` (SOCKS5 answers), or with a reset.
+void fail_client(const std::shared_ptr<ConnectionRecord>& record,
+                 const Outbound::ClientSocket& client, const Outbound::Ready& ready,
                  const OutboundOutcome& outcome) {
+  record->finish(outcome.error, outcome.flags);
   if (ready) {
     ready(outcome, client, [] {});
   } else {
@@ -54,8 +57,7 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
     SM_INFO("outbound") << "connection from " << client_addr.to_string() << " to "
                         << original_destination.to_string() << " failed: " << o.error;
     record->identify(observe::Reporter::kSource, view);
-    record->finish(o.error, o.flags);
-    fail_client(client_ptr, ready, o);
+    fail_client(record, client_ptr, ready, o);
   };
 
   if (view.source == nullptr) {
@@ -90,26 +92,14 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
          [record, client_ptr, ready](DialResult r, Tcp::socket upstream) {
            if (!r.ok) {
              OutboundOutcome o{false, r.error, ResponseFlags::kConnectionFailure, false, true};
-             record->finish(r.error, o.flags);
-             fail_client(client_ptr, ready, o);
+             fail_client(record, client_ptr, ready, o);
              return;
            }
            auto start = [record, client_ptr, up = std::make_shared<Tcp::socket>(
                                                  std::move(upstream))]() mutable {
              auto relay = std::make_shared<net::TcpRelay>(std::move(*client_ptr), std::move(*up));
-             relay->start(
-                 [record](const net::TcpRelay::Result& res) {
-                   record->finish(res.error, res.error.empty()
-                                                 ? ResponseFlags::kNone
-                                                 : ResponseFlags::kConnectionFailure);
-                 },
-                 [record](bool a_to_b, size_t n) {
-                   if (a_to_b) {
-                     record->add_sent(n);
-                   } else {
-                     record->add_received(n);
-                   }
-                 });
+             relay->start(finish_when_done<net::TcpRelay::Result>(record),
+                          count_bytes(record, /*forward_is_outgoing=*/true));
            };
            if (ready) {
              ready(OutboundOutcome{true}, client_ptr, start);
@@ -142,8 +132,7 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
                                                       const HbonePool::Failure* failure) {
         if (failure != nullptr) {
           OutboundOutcome o{false, failure->reason, failure->flag, false, true};
-          record->finish(o.error, o.flags);
-          fail_client(client_ptr, ready, o);
+          fail_client(record, client_ptr, ready, o);
           return;
         }
         auto responded = std::make_shared<bool>(false);
@@ -166,25 +155,14 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
                               status == 403, status == 503 || status == 504 || status == 404};
             SM_INFO("outbound") << o.error;
             stream->reset(NGHTTP2_NO_ERROR);  // nothing more to send on a refused tunnel
-            record->finish(o.error, o.flags);
-            fail_client(client_ptr, ready, o);
+            fail_client(record, client_ptr, ready, o);
             return;
           }
           auto relay = std::make_shared<TunnelRelay>(client_ptr, stream);
           relay->attach();  // nothing the server sends is lost while SOCKS5 answers its client
           auto start = [record, relay] {
-            relay->start(
-                [record](const TunnelRelay::Result& res) {
-                  record->finish(res.error, res.error.empty() ? ResponseFlags::kNone
-                                                              : ResponseFlags::kConnectionFailure);
-                },
-                [record](bool to_stream, size_t n) {
-                  if (to_stream) {
-                    record->add_sent(n);
-                  } else {
-                    record->add_received(n);
-                  }
-                });
+            relay->start(finish_when_done<TunnelRelay::Result>(record),
+                         count_bytes(record, /*forward_is_outgoing=*/true));
           };
           if (ready) {
             ready(OutboundOutcome{true}, client_ptr, start);
@@ -198,15 +176,13 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
                             std::string("tunnel closed before a response: ") +
                                 h2::error_code_name(code),
                             ResponseFlags::kConnectionFailure, false, true};
-          record->finish(o.error, o.flags);
-          fail_client(client_ptr, ready, o);
+          fail_client(record, client_ptr, ready, o);
         };
         auto stream = conn->open_connect(authority, headers, std::move(h));
         if (!stream) {
           OutboundOutcome o{false, "HBONE connection refused a new stream",
                             ResponseFlags::kConnectionFailure, false, true};
-          record->finish(o.error, o.flags);
-          fail_client(client_ptr, ready, o);
+          fail_client(record, client_ptr, ready, o);
           return;
         }
         *stream_holder = stream;
