@@ -218,6 +218,17 @@ Result<std::shared_ptr<BuiltinCa>> BuiltinCa::load_or_create(const std::filesyst
   for (int attempt = 0; attempt < 5; ++attempt) {
     auto key_text = files::read(key_path);
     if (!key_text) return key_text.error();
+    if (!key_text->has_value() && files::stamp(cert_path)) {
+      // Writers publish the key before the certificate, so a certificate without a key means
+      // the key was lost, unless a writer finished both between our reads: look once more.
+      key_text = files::read(key_path);
+      if (!key_text) return key_text.error();
+      if (!key_text->has_value()) {
+        return Error{key_path.string() + " is missing but " + cert_path.string() +
+                     " exists; restore the key, or move the certificate aside to create a new "
+                     "root (every peer must then trust it)"};
+      }
+    }
     if (!key_text->has_value()) {
       auto key = generate_p256();
       if (!key) return key.error();

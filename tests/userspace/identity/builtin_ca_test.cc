@@ -240,6 +240,19 @@ TEST(BuiltinCaTest, KeyFromAnotherCaIsRejected) {
   EXPECT_NE(r.error().message.find("does not belong"), std::string::npos) << r.error().message;
 }
 
+TEST(BuiltinCaTest, LostKeyIsAnErrorAndNoNewKeyIsWritten) {
+  TempDir tmp;
+  ASSERT_TRUE(must_load(tmp.path()));
+  std::string cert = testing::read_file(tmp.path() / "ca-cert.pem");
+  std::filesystem::remove(tmp.path() / "ca-key.pem");
+  auto r = BuiltinCa::load_or_create(tmp.path(), "cluster.local");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("ca-key.pem is missing"), std::string::npos)
+      << r.error().message;
+  EXPECT_EQ(dir_listing(tmp.path()), std::set<std::string>{"ca-cert.pem"});
+  EXPECT_EQ(testing::read_file(tmp.path() / "ca-cert.pem"), cert);
+}
+
 TEST(BuiltinCaTest, RecoversFromKeyWithoutCertificate) {
   // A process that died between writing the key and the certificate leaves only the key.
   TempDir tmp;
@@ -259,6 +272,7 @@ TEST(BuiltinCaTest, RacingThreadsEndWithOneRoot) {
     std::vector<std::string> fingerprints(kThreads);
     std::vector<std::string> errors(kThreads);
     std::vector<std::thread> threads;
+    threads.reserve(kThreads);
     for (int i = 0; i < kThreads; ++i) {
       threads.emplace_back([&, i] {
         start.arrive_and_wait();
@@ -290,6 +304,8 @@ TEST(BuiltinCaTest, RacingProcessesEndWithOneRoot) {
     ASSERT_EQ(::pipe(go), 0);
     std::vector<pid_t> pids;
     std::vector<int> results;
+    pids.reserve(kProcs);
+    results.reserve(kProcs);
     for (int i = 0; i < kProcs; ++i) {
       int out[2];
       ASSERT_EQ(::pipe(out), 0);
@@ -339,6 +355,7 @@ TEST(BuiltinCaTest, ConcurrentIssuance) {
   auto ca = must_load(tmp.path());
   ASSERT_TRUE(ca);
   std::vector<std::thread> threads;
+  threads.reserve(4);
   std::atomic<int> ok{0};
   for (int i = 0; i < 4; ++i) {
     threads.emplace_back([&] {

@@ -115,6 +115,7 @@ TEST_F(CertificateCacheTest, ConcurrentFirstUseIssuesOnce) {
   std::latch start(kThreads);
   std::vector<CertifiedKeyPtr> got(kThreads);
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int i = 0; i < kThreads; ++i) {
     threads.emplace_back([&, i] {
       start.arrive_and_wait();
