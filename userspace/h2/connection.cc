@@ -50,6 +50,41 @@ const char* error_code_name(uint32_t code) {
 H2Stream::H2Stream(std::shared_ptr<H2Connection> connection, int32_t id)
     : connection_(std::move(connection)), id_(id) {}
 
+void H2Stream::set_handlers(Handlers handlers) {
+  handlers_ = std::move(handlers);
+  if (closed_) return;
+  auto self = shared_from_this();  // a handler may drop the last other reference
+  if (handlers_.on_data) {
+    auto early = std::move(early_data_);
+    early_data_.clear();
+    early_bytes_ = 0;
+    // The consumer calls consume(n) for these like for any other received bytes.
+    for (const auto& chunk : early) {
+      if (closed_ || !handlers_.on_data) break;
+      handlers_.on_data(chunk.data(), chunk.size());
+    }
+  }
+  if (early_end_ && !closed_ && handlers_.on_end) {
+    early_end_ = false;
+    auto on_end = handlers_.on_end;
+    on_end();
+  }
+}
+
+void H2Stream::drop_early_data() {
+  if (early_bytes_ == 0) return;
+  // Nobody will consume these bytes: give their windows back (only the connection's once the
+  // stream is closed).
+  if (closed_) {
+    nghttp2_session_consume_connection(connection_->session(), early_bytes_);
+  } else {
+    nghttp2_session_consume(connection_->session(), id_, early_bytes_);
+  }
+  early_data_.clear();
+  early_bytes_ = 0;
+  connection_->schedule_write();
+}
+
 bool H2Stream::send(std::vector<uint8_t> chunk) {
   if (closed_ || finish_requested_) return false;
   if (chunk.empty()) return true;
@@ -110,6 +145,9 @@ void H2Stream::respond(int status, const HeaderList& extra) {
     data_provider_attached_ = true;
     nghttp2_submit_response(session, id_, nva.data(), nva.size(), &provider);
   } else {
+    refused_ = true;
+    early_end_ = false;
+    drop_early_data();
     nghttp2_submit_response(session, id_, nva.data(), nva.size(), nullptr);
     // The answer is final: once it is on the wire, tell the client to stop sending (RFC 9113
     // 8.1). Submitting RST_STREAM now would make nghttp2 drop the queued HEADERS.
@@ -153,6 +191,7 @@ ssize_t H2Stream::read_for_send(uint8_t* buf, size_t length, uint32_t* data_flag
 void H2Stream::on_closed(uint32_t error_code) {
   if (closed_) return;
   closed_ = true;
+  drop_early_data();
   send_queue_.clear();
   queued_bytes_ = 0;
   auto handlers = std::move(handlers_);
@@ -483,7 +522,11 @@ int H2Connection::on_frame_recv(nghttp2_session*, const nghttp2_frame* frame, vo
   }
   if ((frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0 && !stream->closed_) {
     auto on_end = stream->handlers_.on_end;
-    if (on_end) on_end();
+    if (on_end) {
+      on_end();
+    } else if (self->role_ == Role::kServer && !stream->refused_) {
+      stream->early_end_ = true;  // e.g. CONNECT with END_STREAM, target not dialled yet
+    }
   }
   return 0;
 }
@@ -504,6 +547,13 @@ int H2Connection::on_data_chunk(nghttp2_session*, uint8_t, int32_t stream_id, co
                                 size_t len, void* user) {
   auto* self = static_cast<H2Connection*>(user);
   H2Stream* stream = self->find_stream(stream_id);
+  if (stream != nullptr && self->role_ == Role::kServer && !stream->handlers_.on_data &&
+      !stream->refused_) {
+    // Not answered yet (the target is still being dialled): keep the bytes for the consumer.
+    stream->early_data_.emplace_back(data, data + len);
+    stream->early_bytes_ += len;
+    return 0;
+  }
   if (stream == nullptr || !stream->handlers_.on_data) {
     // Nobody reads this stream (e.g. data after a refusal): give the window back.
     nghttp2_session_consume(self->session_, stream_id, len);

@@ -80,7 +80,9 @@ class H2Stream : public std::enable_shared_from_this<H2Stream> {
   const Request& request() const { return request_; }
   bool closed() const { return closed_; }
 
-  void set_handlers(Handlers handlers) { handlers_ = std::move(handlers); }
+  // DATA and END_STREAM that arrived before the handlers were set (a server stream waits for
+  // its target while the client may already send) are handed over here, in order.
+  void set_handlers(Handlers handlers);
 
   // Queues bytes to send as DATA. Returns false when the stream can no longer send.
   bool send(std::vector<uint8_t> chunk);
@@ -105,11 +107,18 @@ class H2Stream : public std::enable_shared_from_this<H2Stream> {
  private:
   friend class H2Connection;
   void on_closed(uint32_t error_code);
+  void drop_early_data();
 
   std::shared_ptr<H2Connection> connection_;
   int32_t id_;
   Request request_;
   Handlers handlers_;
+  // Received before any on_data/on_end handler: kept, unconsumed (so the peer's flow-control
+  // windows bound it), until set_handlers() or a final non-2xx answer.
+  std::deque<std::vector<uint8_t>> early_data_;
+  size_t early_bytes_ = 0;
+  bool early_end_ = false;
+  bool refused_ = false;  // answered with a final non-2xx status: received DATA is dropped
   std::deque<std::vector<uint8_t>> send_queue_;
   size_t front_offset_ = 0;
   size_t queued_bytes_ = 0;
