@@ -1,0 +1,564 @@
+// sockmesh-loadgen: load generator and sink/echo server for the benchmark (bench/run.py).
+//
+//   sockmesh-loadgen server --listen IP:PORT [--max-seconds S]
+//   sockmesh-loadgen client --mode throughput|pingpong|hold --target IP:PORT
+//                    [--via tcp|socks5|http --proxy IP:PORT] [--bind IP]
+//                    [--bytes N --streams K] [--size B --iters M --warmup W]
+//                    [--conns C] [--timeout S]
+//
+// Every connection starts with a 16-byte header from the client: "SMLG", an op byte, three pad
+// bytes and a little-endian u64 argument.
+//   op 1 (sink):  the server reads the argument's number of bytes, then answers with the u64 count.
+//                 The ack does not depend on a FIN, so paths that drop half-close work too.
+//   op 2 (echo):  the server reads messages of argument bytes and writes each back, until EOF.
+//   op 3 (hold):  the server answers one byte 'H' and then waits for EOF.
+// Client results are one JSON object on stdout. Everything is bounded: socket timeouts on every
+// blocking call, a wall-clock deadline on every loop, and the server exits after --max-seconds.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint8_t kOpSink = 1;
+constexpr uint8_t kOpEcho = 2;
+constexpr uint8_t kOpHold = 3;
+constexpr size_t kChunk = 256 * 1024;
+constexpr uint64_t kMaxMessage = 16 * 1024 * 1024;
+
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] void fail(const std::string& what) {
+  throw Failure(what + (errno != 0 ? std::string(": ") + std::strerror(errno) : std::string()));
+}
+
+struct Addr {
+  std::string ip;
+  uint16_t port = 0;
+  sockaddr_in sa() const {
+    sockaddr_in s{};
+    s.sin_family = AF_INET;
+    s.sin_port = htons(port);
+    if (inet_pton(AF_INET, ip.c_str(), &s.sin_addr) != 1) {
+      errno = 0;
+      fail("bad IPv4 address " + ip);
+    }
+    // Loopback only: this tool never sends traffic off the machine.
+    if ((ntohl(s.sin_addr.s_addr) >> 24) != 127) {
+      errno = 0;
+      fail("refusing non-loopback address " + ip);
+    }
+    return s;
+  }
+};
+
+Addr parse_addr(const std::string& s) {
+  auto colon = s.rfind(':');
+  if (colon == std::string::npos) {
+    errno = 0;
+    fail("expected IP:PORT, got " + s);
+  }
+  return Addr{s.substr(0, colon), static_cast<uint16_t>(std::stoi(s.substr(colon + 1)))};
+}
+
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = o.fd_;
+      o.fd_ = -1;
+    }
+    return *this;
+  }
+  ~Fd() { reset(); }
+  void reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
+void set_timeouts(int fd, double seconds) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(seconds);
+  tv.tv_usec = static_cast<suseconds_t>((seconds - static_cast<double>(tv.tv_sec)) * 1e6);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+void set_nodelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+void write_all(int fd, const void* data, size_t len) {
+  auto* p = static_cast<const uint8_t*>(data);
+  while (len > 0) {
+    ssize_t n = ::send(fd, p, len, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("send");
+    }
+    p += n;
+    len -= static_cast<size_t>(n);
+  }
+}
+
+// Reads exactly len bytes; false on a clean EOF before the first byte.
+bool read_exact(int fd, void* data, size_t len) {
+  auto* p = static_cast<uint8_t*>(data);
+  size_t got = 0;
+  while (got < len) {
+    ssize_t n = ::recv(fd, p + got, len - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("recv");
+    }
+    if (n == 0) {
+      if (got == 0) return false;
+      errno = 0;
+      fail("EOF after " + std::to_string(got) + " of " + std::to_string(len) + " bytes");
+    }
+    got += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+void put_u64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint64_t get_u64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Server
+
+std::atomic<int> g_server_conns{0};
+
+void serve(int raw_fd) {
+  Fd fd(raw_fd);
+  g_server_conns++;
+  try {
+    set_nodelay(fd.get());
+    uint8_t hdr[16];
+    if (!read_exact(fd.get(), hdr, sizeof hdr)) throw Failure("no header");
+    if (std::memcmp(hdr, "SMLG", 4) != 0) throw Failure("bad magic");
+    uint64_t arg = get_u64(hdr + 8);
+    if (hdr[4] == kOpSink) {
+      std::vector<uint8_t> buf(kChunk);
+      uint64_t left = arg;
+      while (left > 0) {
+        ssize_t n = ::recv(fd.get(), buf.data(), std::min<uint64_t>(left, buf.size()), 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) throw Failure("sink: short read");
+        left -= static_cast<uint64_t>(n);
+      }
+      uint8_t ack[8];
+      put_u64(ack, arg);
+      write_all(fd.get(), ack, sizeof ack);
+      char c;
+      while (::recv(fd.get(), &c, 1, 0) > 0) {
+      }
+    } else if (hdr[4] == kOpEcho) {
+      if (arg == 0 || arg > kMaxMessage) throw Failure("echo: bad size");
+      std::vector<uint8_t> buf(arg);
+      while (read_exact(fd.get(), buf.data(), buf.size())) write_all(fd.get(), buf.data(), buf.size());
+    } else if (hdr[4] == kOpHold) {
+      write_all(fd.get(), "H", 1);
+      char c;
+      while (::recv(fd.get(), &c, 1, 0) > 0) {
+      }
+    } else {
+      throw Failure("unknown op");
+    }
+  } catch (const std::exception&) {
+    // One bad connection never stops the server.
+  }
+  g_server_conns--;
+}
+
+int run_server(const Addr& listen_addr, double max_seconds, double io_timeout) {
+  Fd lfd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (lfd.get() < 0) fail("socket");
+  int one = 1;
+  setsockopt(lfd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in sa = listen_addr.sa();
+  if (::bind(lfd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) fail("bind");
+  if (::listen(lfd.get(), 4096) != 0) fail("listen");
+  std::printf("{\"listening\": \"%s:%u\"}\n", listen_addr.ip.c_str(), listen_addr.port);
+  std::fflush(stdout);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 256 * 1024);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  auto deadline = Clock::now() + std::chrono::duration<double>(max_seconds);
+  while (Clock::now() < deadline) {
+    pollfd p{lfd.get(), POLLIN, 0};
+    int r = ::poll(&p, 1, 500);
+    if (r <= 0) continue;
+    int cfd = ::accept4(lfd.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (cfd < 0) continue;
+    set_timeouts(cfd, io_timeout);
+    pthread_t t;
+    auto* arg = new int(cfd);
+    if (pthread_create(
+            &t, &attr,
+            [](void* a) -> void* {
+              int fd = *static_cast<int*>(a);
+              delete static_cast<int*>(a);
+              serve(fd);
+              return nullptr;
+            },
+            arg) != 0) {
+      delete arg;
+      ::close(cfd);
+    }
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client
+
+struct ClientOptions {
+  std::string mode;
+  std::string via = "tcp";
+  std::optional<Addr> proxy;
+  Addr target;
+  std::string bind_ip;
+  uint64_t bytes = 1ull << 30;
+  int streams = 1;
+  size_t size = 1024;
+  int iters = 10000;
+  int warmup = 1000;
+  int conns = 1000;
+  double timeout = 60;
+  double hold_seconds = 120;
+};
+
+// Opens a connection to the target: directly, or through a SOCKS5 or HTTP/1 CONNECT proxy.
+Fd open_tunnel(const ClientOptions& o) {
+  Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (fd.get() < 0) fail("socket");
+  set_timeouts(fd.get(), o.timeout);
+  set_nodelay(fd.get());
+  if (!o.bind_ip.empty()) {
+    Addr b{o.bind_ip, 0};
+    sockaddr_in bsa = b.sa();
+    if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&bsa), sizeof bsa) != 0) fail("bind " + o.bind_ip);
+  }
+  const Addr& first = (o.via == "tcp") ? o.target : *o.proxy;
+  sockaddr_in sa = first.sa();
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    fail("connect " + first.ip + ":" + std::to_string(first.port));
+  }
+  if (o.via == "socks5") {
+    write_all(fd.get(), "\x05\x01\x00", 3);
+    uint8_t m[2];
+    if (!read_exact(fd.get(), m, 2) || m[0] != 5 || m[1] != 0) {
+      errno = 0;
+      fail("SOCKS5: no-auth method refused");
+    }
+    sockaddr_in t = o.target.sa();
+    uint8_t req[10] = {5, 1, 0, 1};
+    std::memcpy(req + 4, &t.sin_addr, 4);
+    std::memcpy(req + 8, &t.sin_port, 2);
+    write_all(fd.get(), req, sizeof req);
+    uint8_t rep[4];
+    if (!read_exact(fd.get(), rep, 4)) {
+      errno = 0;
+      fail("SOCKS5: no reply");
+    }
+    if (rep[1] != 0) {
+      errno = 0;
+      fail("SOCKS5: CONNECT refused, reply " + std::to_string(rep[1]));
+    }
+    size_t rest = rep[3] == 1 ? 6 : rep[3] == 4 ? 18 : 0;
+    if (rep[3] == 3) {
+      uint8_t len;
+      read_exact(fd.get(), &len, 1);
+      rest = len + 2u;
+    }
+    uint8_t skip[300];
+    read_exact(fd.get(), skip, rest);
+  } else if (o.via == "http") {
+    std::string hp = o.target.ip + ":" + std::to_string(o.target.port);
+    std::string req = "CONNECT " + hp + " HTTP/1.1\r\nHost: " + hp + "\r\n\r\n";
+    write_all(fd.get(), req.data(), req.size());
+    std::string resp;
+    while (resp.size() < 8192 && resp.find("\r\n\r\n") == std::string::npos) {
+      char c;
+      if (!read_exact(fd.get(), &c, 1)) {
+        errno = 0;
+        fail("HTTP CONNECT: connection closed");
+      }
+      resp.push_back(c);
+    }
+    auto sp = resp.find(' ');
+    if (sp == std::string::npos || resp.compare(sp + 1, 1, "2") != 0) {
+      errno = 0;
+      fail("HTTP CONNECT refused: " + resp.substr(0, resp.find('\r')));
+    }
+  } else if (o.via != "tcp") {
+    errno = 0;
+    fail("unknown --via " + o.via);
+  }
+  return fd;
+}
+
+void send_header(int fd, uint8_t op, uint64_t arg) {
+  uint8_t hdr[16] = {'S', 'M', 'L', 'G', op};
+  put_u64(hdr + 8, arg);
+  write_all(fd, hdr, sizeof hdr);
+}
+
+int run_throughput(const ClientOptions& o) {
+  int k = std::max(1, o.streams);
+  uint64_t per_stream = o.bytes / static_cast<uint64_t>(k);
+  std::vector<Fd> fds;
+  for (int i = 0; i < k; ++i) {
+    fds.push_back(open_tunnel(o));
+    send_header(fds.back().get(), kOpSink, per_stream);
+  }
+  std::barrier sync(k + 1);
+  std::vector<double> ends(k, 0);
+  std::vector<std::string> errors(k);
+  static std::vector<uint8_t> payload = [] {
+    std::vector<uint8_t> p(kChunk);
+    for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<uint8_t>(i * 131 + 7);
+    return p;
+  }();
+  auto deadline = Clock::now() + std::chrono::duration<double>(o.timeout);
+  Clock::time_point start;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < k; ++i) {
+    threads.emplace_back([&, i] {
+      sync.arrive_and_wait();
+      try {
+        int fd = fds[i].get();
+        uint64_t left = per_stream;
+        while (left > 0) {
+          if (Clock::now() > deadline) throw Failure("deadline passed");
+          size_t n = std::min<uint64_t>(left, payload.size());
+          write_all(fd, payload.data(), n);
+          left -= n;
+        }
+        uint8_t ack[8];
+        if (!read_exact(fd, ack, 8) || get_u64(ack) != per_stream) throw Failure("bad ack");
+        ends[i] = std::chrono::duration<double>(Clock::now() - start).count();
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  }
+  start = Clock::now();
+  sync.arrive_and_wait();
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < k; ++i) {
+    if (!errors[i].empty()) {
+      std::fprintf(stderr, "stream %d: %s\n", i, errors[i].c_str());
+      return 1;
+    }
+  }
+  double wall = *std::max_element(ends.begin(), ends.end());
+  double total = static_cast<double>(per_stream) * k;
+  std::printf("{\"mode\": \"throughput\", \"streams\": %d, \"bytes\": %.0f, \"seconds\": %.6f, "
+              "\"gbps\": %.4f, \"slowest_stream_gbps\": %.4f, \"fastest_stream_gbps\": %.4f}\n",
+              k, total, wall, total * 8 / wall / 1e9,
+              static_cast<double>(per_stream) * 8 / wall / 1e9,
+              static_cast<double>(per_stream) * 8 / *std::min_element(ends.begin(), ends.end()) / 1e9);
+  return 0;
+}
+
+int run_pingpong(const ClientOptions& o) {
+  if (o.size == 0 || o.size > kMaxMessage) {
+    errno = 0;
+    fail("bad --size");
+  }
+  Fd fd = open_tunnel(o);
+  send_header(fd.get(), kOpEcho, o.size);
+  std::vector<uint8_t> out(o.size, 'x'), in(o.size);
+  std::vector<double> us;
+  us.reserve(o.iters);
+  auto deadline = Clock::now() + std::chrono::duration<double>(o.timeout);
+  for (int i = 0; i < o.warmup + o.iters; ++i) {
+    if (Clock::now() > deadline) {
+      errno = 0;
+      fail("deadline passed after " + std::to_string(i) + " round trips");
+    }
+    out[0] = static_cast<uint8_t>(i);
+    auto t0 = Clock::now();
+    write_all(fd.get(), out.data(), out.size());
+    if (!read_exact(fd.get(), in.data(), in.size())) {
+      errno = 0;
+      fail("echo closed");
+    }
+    auto t1 = Clock::now();
+    if (in[0] != out[0]) {
+      errno = 0;
+      fail("echo mismatch");
+    }
+    if (i >= o.warmup) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  std::sort(us.begin(), us.end());
+  auto pct = [&](double p) {
+    size_t idx = static_cast<size_t>(p * static_cast<double>(us.size() - 1) + 0.5);
+    return us[std::min(idx, us.size() - 1)];
+  };
+  double sum = 0;
+  for (double v : us) sum += v;
+  std::printf("{\"mode\": \"pingpong\", \"size\": %zu, \"iters\": %zu, \"p50_us\": %.2f, "
+              "\"p90_us\": %.2f, \"p99_us\": %.2f, \"mean_us\": %.2f, \"min_us\": %.2f, "
+              "\"max_us\": %.2f}\n",
+              o.size, us.size(), pct(0.5), pct(0.9), pct(0.99), sum / static_cast<double>(us.size()),
+              us.front(), us.back());
+  return 0;
+}
+
+// Opens --conns tunnels, checks each reaches the server, prints a line, then holds them until
+// stdin has a line or closes (or --hold-seconds pass).
+int run_hold(const ClientOptions& o) {
+  std::vector<Fd> fds;
+  fds.reserve(o.conns);
+  auto t0 = Clock::now();
+  auto deadline = t0 + std::chrono::duration<double>(o.timeout);
+  for (int i = 0; i < o.conns; ++i) {
+    if (Clock::now() > deadline) {
+      errno = 0;
+      fail("deadline passed after " + std::to_string(i) + " connections");
+    }
+    fds.push_back(open_tunnel(o));
+    send_header(fds.back().get(), kOpHold, 0);
+    char c;
+    if (!read_exact(fds.back().get(), &c, 1) || c != 'H') {
+      errno = 0;
+      fail("hold: no answer on connection " + std::to_string(i));
+    }
+  }
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf("{\"mode\": \"hold\", \"conns\": %zu, \"open_seconds\": %.3f}\n", fds.size(), secs);
+  std::fflush(stdout);
+  pollfd p{0, POLLIN, 0};
+  ::poll(&p, 1, static_cast<int>(o.hold_seconds * 1000));
+  return 0;
+}
+
+uint64_t parse_size(const std::string& s) {
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  std::string unit(end);
+  if (unit == "K" || unit == "KiB") v *= 1024;
+  else if (unit == "M" || unit == "MiB") v *= 1024.0 * 1024;
+  else if (unit == "G" || unit == "GiB") v *= 1024.0 * 1024 * 1024;
+  else if (!unit.empty()) throw Failure("bad size " + s);
+  return static_cast<uint64_t>(v);
+}
+
+void usage() {
+  std::fprintf(stderr,
+               "usage: sockmesh-loadgen server --listen IP:PORT [--max-seconds S] [--timeout S]\n"
+               "       sockmesh-loadgen client --mode throughput|pingpong|hold --target IP:PORT\n"
+               "           [--via tcp|socks5|http --proxy IP:PORT] [--bind IP] [--timeout S]\n"
+               "           throughput: [--bytes N[K|M|G]] [--streams K]\n"
+               "           pingpong:   [--size B] [--iters M] [--warmup W]\n"
+               "           hold:       [--conns C] [--hold-seconds S]\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    usage();
+    return 2;
+  }
+  std::string role = argv[1];
+  std::map<std::string, std::string> flags;
+  for (int i = 2; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--", 0) != 0 || i + 1 >= argc) {
+      usage();
+      return 2;
+    }
+    flags[a.substr(2)] = argv[++i];
+  }
+  auto get = [&](const std::string& k, const std::string& def) {
+    auto it = flags.find(k);
+    return it == flags.end() ? def : it->second;
+  };
+  // Many connections in hold mode: raise the descriptor limit as far as allowed.
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  try {
+    if (role == "server") {
+      return run_server(parse_addr(get("listen", "127.0.0.1:9000")),
+                        std::stod(get("max-seconds", "1800")), std::stod(get("timeout", "300")));
+    }
+    if (role != "client") {
+      usage();
+      return 2;
+    }
+    ClientOptions o;
+    o.mode = get("mode", "throughput");
+    o.via = get("via", "tcp");
+    if (flags.count("proxy")) o.proxy = parse_addr(flags["proxy"]);
+    if (o.via != "tcp" && !o.proxy) throw Failure("--via " + o.via + " needs --proxy");
+    o.target = parse_addr(get("target", "127.0.0.1:9000"));
+    o.bind_ip = get("bind", "");
+    o.bytes = parse_size(get("bytes", "1G"));
+    o.streams = std::stoi(get("streams", "1"));
+    o.size = parse_size(get("size", "1024"));
+    o.iters = std::stoi(get("iters", "10000"));
+    o.warmup = std::stoi(get("warmup", "1000"));
+    o.conns = std::stoi(get("conns", "1000"));
+    o.timeout = std::stod(get("timeout", "120"));
+    o.hold_seconds = std::stod(get("hold-seconds", "120"));
+    if (o.mode == "throughput") return run_throughput(o);
+    if (o.mode == "pingpong") return run_pingpong(o);
+    if (o.mode == "hold") return run_hold(o);
+    usage();
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sockmesh-loadgen: %s\n", e.what());
+    return 1;
+  }
+}
