@@ -85,7 +85,7 @@ void H2Stream::drop_early_data() {
   connection_->schedule_write();
 }
 
-bool H2Stream::send(std::vector<uint8_t> chunk) {
+bool H2Stream::send(Bytes chunk) {
   if (closed_ || finish_requested_) return false;
   if (chunk.empty()) return true;
   queued_bytes_ += chunk.size();
@@ -99,7 +99,7 @@ bool H2Stream::send(std::vector<uint8_t> chunk) {
 }
 
 bool H2Stream::send(const uint8_t* data, size_t len) {
-  return send(std::vector<uint8_t>(data, data + len));
+  return send(Bytes(data, data + len));
 }
 
 bool H2Stream::above_high_watermark() {

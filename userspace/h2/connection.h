@@ -19,6 +19,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/bytes.h"
+
 namespace sockmesh::h2 {
 
 using TlsStream = boost::asio::ssl::stream<boost::asio::ip::tcp::socket>;
@@ -85,7 +87,7 @@ class H2Stream : public std::enable_shared_from_this<H2Stream> {
   void set_handlers(Handlers handlers);
 
   // Queues bytes to send as DATA. Returns false when the stream can no longer send.
-  bool send(std::vector<uint8_t> chunk);
+  bool send(Bytes chunk);
   bool send(const uint8_t* data, size_t len);
   size_t queued_bytes() const { return queued_bytes_; }
   // True when the caller should stop producing until on_writable.
@@ -115,11 +117,11 @@ class H2Stream : public std::enable_shared_from_this<H2Stream> {
   Handlers handlers_;
   // Received before any on_data/on_end handler: kept, unconsumed (so the peer's flow-control
   // windows bound it), until set_handlers() or a final non-2xx answer.
-  std::deque<std::vector<uint8_t>> early_data_;
+  std::deque<Bytes> early_data_;
   size_t early_bytes_ = 0;
   bool early_end_ = false;
   bool refused_ = false;  // answered with a final non-2xx status: received DATA is dropped
-  std::deque<std::vector<uint8_t>> send_queue_;
+  std::deque<Bytes> send_queue_;
   size_t front_offset_ = 0;
   size_t queued_bytes_ = 0;
   bool finish_requested_ = false;
@@ -199,8 +201,8 @@ class H2Connection : public std::enable_shared_from_this<H2Connection> {
   std::unordered_map<int32_t, std::shared_ptr<H2Stream>> streams_;
   RequestHandler request_handler_;
   CloseHandler close_handler_;
-  std::vector<uint8_t> read_buf_;
-  std::vector<uint8_t> write_buf_;
+  Bytes read_buf_;
+  Bytes write_buf_;
   int in_nghttp2_ = 0;  // >0 while nghttp2 runs our callbacks: no re-entry into mem_send
   bool writing_ = false;
   bool reading_ = false;

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "base/bytes.h"
+
 namespace sockmesh::net {
 
 class TcpRelay : public std::enable_shared_from_this<TcpRelay> {
@@ -31,7 +33,7 @@ class TcpRelay : public std::enable_shared_from_this<TcpRelay> {
   struct Direction {
     Tcp::socket* from;
     Tcp::socket* to;
-    std::vector<uint8_t> buffer;
+    Bytes buffer;  // allocated only while data moves
     uint64_t bytes = 0;
     bool done = false;
   };
@@ -45,6 +47,7 @@ class TcpRelay : public std::enable_shared_from_this<TcpRelay> {
   Done done_;
   Progress progress_;
   std::string error_;
+  size_t buffer_bytes_;
   bool finished_ = false;
 };
 

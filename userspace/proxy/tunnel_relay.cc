@@ -18,6 +18,8 @@ void TunnelRelay::start(Done done, Progress progress) {
   progress_ = std::move(progress);
   attach();
   started_ = true;
+  boost::system::error_code ec;
+  socket_.non_blocking(true, ec);  // reads and writes are tried first, then waited for
   write_socket();
   read_socket();
 }
@@ -43,42 +45,69 @@ void TunnelRelay::attach() {
 
 void TunnelRelay::read_socket() {
   if (!started_ || finished_ || reading_ || socket_eof_ || paused_) return;
+  // Read what is there now; wait for readability only when there is nothing, so that an idle
+  // tunnel holds no buffer. A burst is bounded so that one busy tunnel cannot starve the others.
+  for (int burst = 0; burst < 8; ++burst) {
+    Bytes buf(kReadChunk);
+    boost::system::error_code ec;
+    size_t n = socket_.read_some(boost::asio::buffer(buf), ec);
+    if (ec == boost::asio::error::would_block) break;
+    if (ec == boost::asio::error::eof) {
+      socket_eof_ = true;
+      stream_->finish();
+      maybe_finish();
+      return;
+    }
+    if (ec) {
+      fail("socket read: " + ec.message(), true);
+      return;
+    }
+    buf.resize(n);
+    result_.bytes_to_stream += n;
+    if (progress_) progress_(true, n);
+    if (!stream_->send(std::move(buf))) {
+      fail("tunnel closed while sending", true);
+      return;
+    }
+    if (stream_->above_high_watermark()) {
+      paused_ = true;  // on_writable resumes
+      return;
+    }
+  }
   reading_ = true;
-  auto buf = std::make_shared<std::vector<uint8_t>>(kReadChunk);
-  socket_.async_read_some(
-      boost::asio::buffer(*buf),
-      [self = shared_from_this(), buf](const boost::system::error_code& ec, size_t n) {
-        self->reading_ = false;
-        if (self->finished_) return;
-        if (ec == boost::asio::error::eof) {
-          self->socket_eof_ = true;
-          self->stream_->finish();
-          self->maybe_finish();
-          return;
-        }
-        if (ec) {
-          self->fail("socket read: " + ec.message(), true);
-          return;
-        }
-        buf->resize(n);
-        self->result_.bytes_to_stream += n;
-        if (self->progress_) self->progress_(true, n);
-        if (!self->stream_->send(std::move(*buf))) {
-          self->fail("tunnel closed while sending", true);
-          return;
-        }
-        if (self->stream_->above_high_watermark()) {
-          self->paused_ = true;  // on_writable resumes
-          return;
-        }
-        self->read_socket();
-      });
+  socket_.async_wait(Tcp::socket::wait_read,
+                     [self = shared_from_this()](const boost::system::error_code& ec) {
+                       self->reading_ = false;
+                       if (self->finished_) return;
+                       if (ec) {
+                         self->fail("socket wait: " + ec.message(), true);
+                         return;
+                       }
+                       self->read_socket();
+                     });
 }
 
 void TunnelRelay::on_stream_data(const uint8_t* data, size_t len) {
   if (finished_) {
     stream_->consume(len);
     return;
+  }
+  if (started_ && !writing_ && pending_.empty()) {
+    // Usually the socket has room: write straight from nghttp2's buffer, no copy.
+    boost::system::error_code ec;
+    size_t n = socket_.write_some(boost::asio::buffer(data, len), ec);
+    if (ec && ec != boost::asio::error::would_block) {
+      fail("socket write: " + ec.message(), true);
+      return;
+    }
+    if (!ec) {
+      result_.bytes_to_socket += n;
+      if (progress_) progress_(false, n);
+      stream_->consume(n);
+      data += n;
+      len -= n;
+      if (len == 0) return;
+    }
   }
   pending_.emplace_back(data, data + len);
   write_socket();
@@ -97,7 +126,7 @@ void TunnelRelay::write_socket() {
   }
   writing_ = true;
   // Write everything queued in one gather write.
-  auto batch = std::make_shared<std::deque<std::vector<uint8_t>>>(std::move(pending_));
+  auto batch = std::make_shared<std::deque<Bytes>>(std::move(pending_));
   pending_.clear();
   std::vector<boost::asio::const_buffer> bufs;
   bufs.reserve(batch->size());

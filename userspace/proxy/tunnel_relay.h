@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "base/bytes.h"
 #include "h2/connection.h"
 
 namespace sockmesh::proxy {
@@ -54,7 +55,7 @@ class TunnelRelay : public std::enable_shared_from_this<TunnelRelay> {
   bool socket_eof_ = false;
   bool paused_ = false;
   // stream -> socket
-  std::deque<std::vector<uint8_t>> pending_;
+  std::deque<Bytes> pending_;
   bool writing_ = false;
   bool stream_ended_ = false;
   bool socket_shut_ = false;
