@@ -5,6 +5,11 @@
 //                    [--via tcp|socks5|http --proxy IP:PORT] [--bind IP]
 //                    [--bytes N --streams K] [--size B --iters M --warmup W]
 //                    [--conns C] [--timeout S]
+//   --netns-only yes (either role): also accept non-loopback addresses, but only when the process
+//                    runs in a network namespace other than the initial one (PID 1's, or when
+//                    that is unreadable, the parent process's), so that
+//                    the traffic still stays on the machine (bench/capture.py: pods and a node as
+//                    namespaces joined by veths).
 //
 // Every connection starts with a 16-byte header from the client: "SMLG", an op byte, three pad
 // bytes and a little-endian u64 argument.
@@ -21,6 +26,7 @@
 #include <pthread.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -59,6 +65,9 @@ struct Failure : std::runtime_error {
   throw Failure(what + (errno != 0 ? std::string(": ") + std::strerror(errno) : std::string()));
 }
 
+// Set by --netns-only yes, after checking that this process is not in the initial netns.
+bool g_netns_only = false;
+
 struct Addr {
   std::string ip;
   uint16_t port = 0;
@@ -71,7 +80,7 @@ struct Addr {
       fail("bad IPv4 address " + ip);
     }
     // Loopback only: this tool never sends traffic off the machine.
-    if ((ntohl(s.sin_addr.s_addr) >> 24) != 127) {
+    if ((ntohl(s.sin_addr.s_addr) >> 24) != 127 && !g_netns_only) {
       errno = 0;
       fail("refusing non-loopback address " + ip);
     }
@@ -498,7 +507,8 @@ void usage() {
                "           [--via tcp|socks5|http --proxy IP:PORT] [--bind IP] [--timeout S]\n"
                "           throughput: [--bytes N[K|M|G]] [--streams K]\n"
                "           pingpong:   [--size B] [--iters M] [--warmup W]\n"
-               "           hold:       [--conns C] [--hold-seconds S]\n");
+               "           hold:       [--conns C] [--hold-seconds S]\n"
+               "       --netns-only yes: non-loopback addresses too, only outside the initial netns\n");
 }
 
 }  // namespace
@@ -529,6 +539,22 @@ int main(int argc, char** argv) {
     setrlimit(RLIMIT_NOFILE, &rl);
   }
   try {
+    if (get("netns-only", "no") == "yes") {
+      // The initial netns is PID 1's; where that is unreadable (a container without
+      // CAP_SYS_PTRACE), the launcher's: the caller must have moved us into another netns.
+      struct stat self{}, init{};
+      std::string other = "/proc/1/ns/net";
+      if (stat(other.c_str(), &init) != 0) {
+        other = "/proc/" + std::to_string(getppid()) + "/ns/net";
+        if (stat(other.c_str(), &init) != 0) fail("--netns-only: cannot read " + other);
+      }
+      if (stat("/proc/self/ns/net", &self) != 0) fail("--netns-only: cannot read our netns");
+      if (self.st_ino == init.st_ino && self.st_dev == init.st_dev) {
+        errno = 0;
+        fail("--netns-only: this process is in the network namespace of " + other);
+      }
+      g_netns_only = true;
+    }
     if (role == "server") {
       return run_server(parse_addr(get("listen", "127.0.0.1:9000")),
                         std::stod(get("max-seconds", "1800")), std::stod(get("timeout", "300")));

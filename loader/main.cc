@@ -7,12 +7,15 @@
 #include <exception>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "base/ip_address.h"
 #include "base/log.h"
+#include "loader/agent/run.h"
+#include "loader/agent/zds_client.h"
 #include "loader/attach/node.h"
 #include "loader/attach/pod.h"
 #include "loader/maps/counters.h"
@@ -38,6 +41,16 @@ commands:
               attach tc capture in the pod's netns, set its routing, record its identity.
   unenroll    --netns PATH --ifname IF [--ip IP ...]
               undo enroll: records, tc, routing and accept_local as they were.
+  run         [--run-dir DIR] [--labels-from kubernetes|config|auto] [--config FILE]
+              [--kubeconfig FILE] [--node NAME] [--exclude-namespaces NS,...]
+              [--trust-domain TD] [--zds-socket PATH] [--no-install] [--cgroup DIR]
+              [--no-bypass] [--fail-open]
+              the node agent: installs the datapath (unless --no-install), then enrolls pods as
+              the sockmesh-cni plugin reports them (socket <run dir, default /var/run/sockmesh>/
+              cni.sock) and as namespace labels change (istio.io/dataplane-mode=ambient), from the
+              Kubernetes API (in-cluster, or --kubeconfig) or the local config file (--config; the
+              embedded default without it). Hands enrolled pods to the proxy at --zds-socket.
+              Runs until SIGTERM/SIGINT; a restarted agent adopts what it enrolled.
 )";
 
 struct Args {
@@ -61,8 +74,8 @@ struct Args {
   }
 };
 
-const std::vector<std::string> kFlagOptions = {"--no-bypass", "--fail-open", "--force",
-                                               "--no-capture-inbound", "--help"};
+const std::vector<std::string> kFlagOptions = {"--no-bypass",          "--fail-open",  "--force",
+                                               "--no-capture-inbound", "--no-install", "--help"};
 
 bool parse_args(int argc, char** argv, Args* out, std::string* error) {
   for (int i = 1; i < argc; ++i) {
@@ -185,6 +198,31 @@ int run_unenroll(const std::string& root, const Args& args) {
   return 0;
 }
 
+int run_agent(const std::string& root, const Args& args) {
+  agent::RunOptions options;
+  options.install.pin_root = root;
+  options.install.cgroup = args.value("--cgroup");
+  options.install.bypass = !args.flag("--no-bypass");
+  options.install.fail_open = args.flag("--fail-open");
+  options.skip_install = args.flag("--no-install");
+  options.run_dir = args.value("--run-dir", options.run_dir);
+  options.labels_from = args.value("--labels-from", options.labels_from);
+  options.config_path = args.value("--config");
+  options.kubeconfig = args.value("--kubeconfig");
+  options.node_name = args.value("--node");
+  options.trust_domain = args.value("--trust-domain", options.trust_domain);
+  if (args.values.count("--exclude-namespaces") != 0) {
+    options.excluded_namespaces = args.all("--exclude-namespaces");
+  }
+  std::unique_ptr<agent::WorkloadHandoff> handoff;
+  if (auto zds = args.value("--zds-socket"); !zds.empty()) {
+    agent::ZdsClientOptions zds_options;
+    zds_options.socket_path = zds;
+    handoff = std::make_unique<agent::ZdsClient>(zds_options);
+  }
+  return agent::run_agent(options, std::move(handoff));
+}
+
 std::string describe_flags(const maps::WorkloadRecord& r) {
   std::string out = r.enrolled ? "enrolled" : "not-enrolled";
   if (r.capture_inbound) out += ",capture-inbound";
@@ -259,8 +297,9 @@ int run(int argc, char** argv) {
     std::cout << kUsage;
     return args.command.empty() && !args.flag("--help") ? 2 : 0;
   }
-  // The CLI prints what it changed; logs are for problems unless asked for.
-  log::Level level = log::Level::kWarn;
+  // The CLI prints what it changed; logs are for problems unless asked for. The agent is a
+  // daemon: its log is what it did.
+  log::Level level = args.command == "run" ? log::Level::kInfo : log::Level::kWarn;
   if (auto text = args.value("--log-level"); !text.empty() && !log::parse_level(text, &level)) {
     return usage_error("unknown log level " + text);
   }
@@ -273,6 +312,7 @@ int run(int argc, char** argv) {
   if (args.command == "status") return run_status(root);
   if (args.command == "enroll") return run_enroll(root, args);
   if (args.command == "unenroll") return run_unenroll(root, args);
+  if (args.command == "run") return run_agent(root, args);
   return usage_error("unknown command " + args.command);
 }
 

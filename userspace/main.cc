@@ -16,7 +16,9 @@
 #include "identity/certificate_cache.h"
 #include "identity/file_certificates.h"
 #include "observe/http_server.h"
+#include "proxy/enrolled_workloads.h"
 #include "proxy/proxy.h"
+#include "proxy/zds.h"
 
 using namespace sockmesh;
 
@@ -105,7 +107,26 @@ int main(int argc, char** argv) {
   proxy::Proxy proxy(cfg, store,
                      [&certificates](const std::string& id) { return certificates.lookup(id); },
                      tls, metrics);
+  // Pods enrolled on this node (the loader's workload map) are local whatever the config says.
+  auto enrolled = std::make_shared<proxy::EnrolledWorkloads>(cfg.bpf_pin_root, cfg.node_name);
+  if (!cfg.bpf_pin_root.empty()) {
+    enrolled->available();  // says once at start-up which source is in use
+    proxy.set_local_workload_lookup(
+        [enrolled, &proxy](const state::Snapshot& s, const IpAddress& ip) {
+          const state::Workload* w = enrolled->find(s, ip);
+          return w != nullptr ? w : proxy.context().find_local(s, ip);
+        });
+  }
   if (auto err = proxy.start()) return fail(*err);
+  std::unique_ptr<proxy::ZdsServer> zds;
+  if (!cfg.zds_socket.empty()) {
+    zds = std::make_unique<proxy::ZdsServer>(
+        proxy, proxy::ZdsOptions{cfg.zds_socket, cfg.bpf_pin_root});
+    if (auto err = zds->start()) {
+      proxy.stop();
+      return fail(*err);
+    }
+  }
 
   app::AdminSources sources{&proxy, &store, &certificates, &metrics, cfg.node_name,
                             config_source};
@@ -144,6 +165,7 @@ int main(int argc, char** argv) {
                   << cfg.drain_timeout.count() << " ms";
   if (watcher) watcher->stop();
   certificates.stop_background_renewal();
+  if (zds) zds->stop();  // before the drain: no pod is adopted while listeners close
   proxy.drain(cfg.drain_timeout);
   servers.clear();
   SM_INFO("main") << "sockmesh-proxy stopped";

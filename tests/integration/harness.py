@@ -105,6 +105,10 @@ class ProxyNode:
             if self.proc.poll() is not None:
                 raise AssertionError("%s exited with %s:\n%s" % (
                     self.name, self.proc.returncode, self.logs()[-3000:]))
+            # The log line first: a stray process listening on 0.0.0.0:15021 must not pass
+            # for this node.
+            if "sockmesh-proxy ready" not in self.logs():
+                return False
             return http_get("http://%s:15021/healthz/ready" % self.admin_ip)[0] == 200
         wait_until(ready, timeout, what="%s ready" % self.name)
 

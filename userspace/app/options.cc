@@ -104,6 +104,11 @@ const std::map<std::string, std::pair<Setter, const char*>>& flags() {
       {"preserve-source-ip", {[](const std::string& v, Options* o) {
                                 return parse_bool(v, &o->proxy.preserve_source_ip);
                               }, "apps see the client's IP (default true)"}},
+      {"zds-socket", {text(&proxy::ProxyConfig::zds_socket), "in-pod mode: take pods from the node agent on this Unix socket (default off)"}},
+      {"bpf-pin-root", {[](const std::string& v, Options* o) -> std::optional<std::string> {
+                          o->proxy.bpf_pin_root = v == "off" || v == "none" ? "" : v;
+                          return std::nullopt;
+                        }, "sockmesh's pinned maps: identities of enrolled pods, in-pod listeners (default " SM_PIN_ROOT_DEFAULT "; 'off')"}},
       {"drain-timeout-ms", {millis(&proxy::ProxyConfig::drain_timeout), "how long SIGTERM waits for connections (default 5000)"}},
       {"pool-idle-timeout-ms", {millis(&proxy::ProxyConfig::pool_idle_timeout), "idle pooled HBONE connections close after this (default 30000)"}},
       {"connect-timeout-ms", {millis(&proxy::ProxyConfig::connect_timeout), "TCP connect deadline (default 5000)"}},

@@ -89,13 +89,21 @@ std::optional<Endpoint> original_destination(Tcp::socket& socket) {
   return Endpoint::from_sockaddr(reinterpret_cast<sockaddr*>(&local));
 }
 
+// socket() inside the pod's netns when there is one: the socket stays in the netns it was made in.
+static std::optional<std::string> open_in(Tcp::socket& socket, const Tcp& protocol,
+                                          const std::shared_ptr<const Netns>& netns) {
+  boost::system::error_code ec;
+  if (auto err = run_in(netns.get(), [&] { socket.open(protocol, ec); })) return err;
+  if (ec) return "socket: " + ec.message();
+  return std::nullopt;
+}
+
 std::optional<std::string> prepare_dial(Tcp::socket& socket, const Endpoint& destination,
                                         const DialOptions& options, bool* source_kept) {
   if (source_kept != nullptr) *source_kept = false;
   boost::system::error_code ec;
   auto ep = to_asio(destination);
-  socket.open(ep.protocol(), ec);
-  if (ec) return "socket: " + ec.message();
+  if (auto err = open_in(socket, ep.protocol(), options.netns)) return err;
   int fd = socket.native_handle();
   if (options.mark != 0 &&
       setsockopt(fd, SOL_SOCKET, SO_MARK, &options.mark, sizeof options.mark) != 0) {
@@ -117,8 +125,7 @@ std::optional<std::string> prepare_dial(Tcp::socket& socket, const Endpoint& des
     if (ec) {
       // Keep going without the source address; the caller logs that it was not kept.
       socket.close(ec);
-      socket.open(ep.protocol(), ec);
-      if (ec) return "socket: " + ec.message();
+      if (auto err = open_in(socket, ep.protocol(), options.netns)) return err;
       fd = socket.native_handle();
       if (options.mark != 0) setsockopt(fd, SOL_SOCKET, SO_MARK, &options.mark, sizeof options.mark);
     }

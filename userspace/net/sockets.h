@@ -2,10 +2,12 @@
 // Socket set-up that Asio does not cover: transparent sockets, marks, original destinations,
 // source-address binding and abortive close.
 #include <boost/asio/ip/tcp.hpp>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "base/ip_address.h"
+#include "net/netns.h"
 
 namespace sockmesh::net {
 
@@ -32,6 +34,7 @@ std::optional<Endpoint> original_destination(Tcp::socket& socket);
 struct DialOptions {
   std::optional<IpAddress> source;  // bind to this address first (source IP preservation)
   uint32_t mark = 0;                // SO_MARK, so that capture skips the proxy's own sockets
+  std::shared_ptr<const Netns> netns;  // create the socket in this pod's netns (null: here)
 };
 
 // Opens the socket and prepares it for connect(): mark, then bind to the source address. A

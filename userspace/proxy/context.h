@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "identity/certificate.h"
+#include "net/netns.h"
 #include "observe/metrics.h"
 #include "proxy/proxy_config.h"
 #include "proxy/worker.h"
@@ -30,6 +31,9 @@ struct ProxyContext {
   std::shared_ptr<tls::MeshTls> tls;
   CertificateSource certificate_for;
   LocalWorkloadLookup local_workload;
+  // In-pod mode: the netns of each pod IP handed over by the node agent (ZDS), where the sockets
+  // to and from that pod are created. Empty otherwise.
+  net::NetnsByIp pod_netns;
   observe::Registry* metrics = nullptr;
   std::vector<std::unique_ptr<Worker>> workers;
   std::atomic<uint64_t> next_worker{0};

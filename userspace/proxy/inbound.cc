@@ -125,7 +125,8 @@ void handle_request(ProxyContext& ctx, Worker& worker, std::shared_ptr<InboundSe
 
   net::DialOptions dial_opts;
   if (ctx.config.preserve_source_ip) dial_opts.source = session->peer.ip;
-  dial_opts.mark = ctx.config.mark;
+  dial_opts.mark = ctx.config.mark_to_app;
+  dial_opts.netns = ctx.pod_netns.find(target->ip);  // in-pod mode: dial from the pod's netns
   std::string dst_uid = dst->uid;
   dial(worker.io(), *target, dial_opts, ctx.config.connect_timeout,
        [&ctx, &worker, stream, record, facts, dst_uid, target = *target](DialResult r,

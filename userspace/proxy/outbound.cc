@@ -88,6 +88,7 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
     net::DialOptions opts;
     if (ctx.config.preserve_source_ip) opts.source = client_addr.ip;
     opts.mark = ctx.config.mark;
+    opts.netns = ctx.pod_netns.find(client_addr.ip);  // in-pod mode: leave from the client's pod
     dial(worker.io(), route.target, opts, ctx.config.connect_timeout,
          [record, client_ptr, ready](DialResult r, Tcp::socket upstream) {
            if (!r.ok) {

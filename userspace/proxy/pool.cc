@@ -95,6 +95,7 @@ void HbonePool::connect(const PoolKey& key, std::vector<std::string> expected) {
   net::DialOptions dial;
   if (ctx_.config.preserve_source_ip) dial.source = key.source_ip;
   dial.mark = ctx_.config.mark;
+  dial.netns = ctx_.pod_netns.find(key.source_ip);  // in-pod mode: leave from the source pod
   if (auto err = net::prepare_dial(socket, key.destination, dial, &source_kept)) {
     failed(key, Failure{"socket for " + key.destination.to_string() + ": " + *err});
     return;

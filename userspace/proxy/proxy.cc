@@ -1,5 +1,8 @@
 #include "proxy/proxy.h"
 
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <boost/asio/post.hpp>
 #include <future>
 #include <set>
@@ -95,6 +98,111 @@ void Proxy::accept_loop(Listener& l) {
   });
 }
 
+std::function<void(Worker&, Tcp::socket)> Proxy::handler_for(const std::string& role) {
+  if (role == "outbound") {
+    return [this](Worker& w, Tcp::socket s) {
+      boost::system::error_code ec;
+      auto peer = s.remote_endpoint(ec);
+      auto dst = net::original_destination(s);
+      if (ec || !dst) return;
+      outbound_.handle(w, std::move(s), net::from_asio(peer), *dst);
+    };
+  }
+  if (role == "inbound_plaintext") {
+    return [this](Worker& w, Tcp::socket s) { inbound_plaintext_.handle(w, std::move(s)); };
+  }
+  if (role == "hbone") {
+    return [this](Worker& w, Tcp::socket s) { inbound_.handle(w, std::move(s)); };
+  }
+  return nullptr;
+}
+
+void Proxy::on_control(const std::function<void()>& f) {
+  if (control_.get_executor().running_in_this_thread()) {
+    f();
+    return;
+  }
+  std::promise<void> done;
+  boost::asio::post(control_, [&] {
+    f();
+    done.set_value();
+  });
+  done.get_future().wait();
+}
+
+// Listener keys of a pod: "pod:<uid>\0<role>"; a uid holds no NUL, so no pod's prefix is another's.
+static std::string pod_key_prefix(const std::string& pod_uid) {
+  return "pod:" + pod_uid + std::string(1, '\0');
+}
+
+std::optional<std::string> Proxy::adopt_listeners(const std::string& pod_uid,
+                                                  std::vector<AdoptedListener> listeners) {
+  auto close_all = [&] {
+    for (auto& a : listeners) {
+      if (a.fd >= 0) ::close(a.fd);
+    }
+  };
+  if (stopped_ || !ready_ || ctx_.draining) {
+    close_all();
+    return "the proxy is not running";
+  }
+  std::optional<std::string> err;
+  on_control([&] {
+    close_pod_listeners(pod_uid);
+    for (auto& a : listeners) {
+      auto handler = handler_for(a.role);
+      sockaddr_storage ss{};
+      socklen_t len = sizeof ss;
+      if (!handler || getsockname(a.fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0 ||
+          (ss.ss_family != AF_INET && ss.ss_family != AF_INET6)) {
+        err = "pod " + pod_uid + ": not a TCP listener of a known role: " + a.role;
+        break;
+      }
+      auto l = std::make_unique<Listener>(control_);
+      l->role = a.role + " (pod " + pod_uid + ")";
+      l->handler = std::move(handler);
+      boost::system::error_code ec;
+      l->acceptor.assign(ss.ss_family == AF_INET ? Tcp::v4() : Tcp::v6(), a.fd, ec);
+      if (ec) {
+        err = "pod " + pod_uid + ": adopting the " + a.role + " listener: " + ec.message();
+        break;
+      }
+      a.fd = -1;  // the acceptor owns it now
+      l->at = net::from_asio(l->acceptor.local_endpoint(ec));
+      SM_INFO("proxy") << "listening: " << l->role << " on " << l->at.to_string() << " in the pod";
+      auto* raw = l.get();
+      listeners_[pod_key_prefix(pod_uid) + a.role + "/" + l->at.to_string()] = std::move(l);
+      accept_loop(*raw);
+    }
+    if (err) close_pod_listeners(pod_uid);
+  });
+  close_all();  // whatever was not adopted
+  return err;
+}
+
+void Proxy::release_listeners(const std::string& pod_uid) {
+  if (stopped_ || !ready_) return;
+  on_control([&] { close_pod_listeners(pod_uid); });
+}
+
+void Proxy::close_pod_listeners(const std::string& pod_uid) {
+  std::string prefix = pod_key_prefix(pod_uid);
+  auto closed = std::make_shared<std::vector<std::unique_ptr<Listener>>>();
+  for (auto it = listeners_.lower_bound(prefix);
+       it != listeners_.end() && it->first.compare(0, prefix.size(), prefix) == 0;) {
+    SM_INFO("proxy") << "closing " << it->second->role << " on " << it->second->at.to_string();
+    boost::system::error_code ec;
+    it->second->acceptor.close(ec);
+    it->second->backoff.cancel();
+    closed->push_back(std::move(it->second));
+    it = listeners_.erase(it);
+  }
+  if (closed->empty()) return;
+  // Accept completions already queued still look at their Listener: free it after them.
+  boost::asio::post(control_,
+                    [this, closed] { boost::asio::post(control_, [closed] { closed->clear(); }); });
+}
+
 std::optional<std::string> Proxy::start() {
   for (auto& w : ctx_.workers) w->start();
   guard_ = std::make_unique<
@@ -118,30 +226,22 @@ std::optional<std::string> Proxy::start() {
                  [this](Worker& w, Tcp::socket s) { socks5_.handle(w, std::move(s)); });
     }
     if (!err && c.outbound) {
-      err = open("outbound", *c.outbound, transparent, [this](Worker& w, Tcp::socket s) {
-        boost::system::error_code ec;
-        auto peer = s.remote_endpoint(ec);
-        auto dst = net::original_destination(s);
-        if (ec || !dst) return;
-        outbound_.handle(w, std::move(s), net::from_asio(peer), *dst);
-      });
+      err = open("outbound", *c.outbound, transparent, handler_for("outbound"));
     }
     if (!err && c.inbound_plaintext) {
       err = open("inbound_plaintext", *c.inbound_plaintext, transparent,
-                 [this](Worker& w, Tcp::socket s) { inbound_plaintext_.handle(w, std::move(s)); });
+                 handler_for("inbound_plaintext"));
     }
-    if (!err && c.hbone_listen) {
-      err = open("hbone", *c.hbone_listen, plain,
-                 [this](Worker& w, Tcp::socket s) { inbound_.handle(w, std::move(s)); });
-    }
-    if (!err && !c.hbone_listen) reconcile_hbone_listeners();
+    if (!err && c.hbone_listen) err = open("hbone", *c.hbone_listen, plain, handler_for("hbone"));
+    // In-pod mode: HBONE listeners come with the pods (ZDS), not from the config.
+    if (!err && !c.hbone_listen && c.zds_socket.empty()) reconcile_hbone_listeners();
     opened->set_value(err);
   });
   auto err = result.get();
   if (err) return err;
   ctx_.store->subscribe([this](const state::SnapshotPtr&, const state::SnapshotPtr& next) {
     if (stopped_) return;
-    if (!ctx_.config.hbone_listen) {
+    if (!ctx_.config.hbone_listen && ctx_.config.zds_socket.empty()) {
       boost::asio::post(control_, [this] { reconcile_hbone_listeners(); });
     }
     recheck_policies(next);
@@ -161,8 +261,7 @@ void Proxy::reconcile_hbone_listeners() {
       std::string key = "hbone/" + at.to_string();
       wanted.insert(key);
       if (listeners_.count(key) != 0) continue;
-      if (auto err = open("hbone", at, net::ListenOptions{},
-                          [this](Worker& wk, Tcp::socket s) { inbound_.handle(wk, std::move(s)); })) {
+      if (auto err = open("hbone", at, net::ListenOptions{}, handler_for("hbone"))) {
         SM_ERROR("proxy") << *err;
       }
     }
@@ -182,10 +281,15 @@ void Proxy::reconcile_hbone_listeners() {
 
 void Proxy::recheck_policies(const state::SnapshotPtr& snap) {
   for (auto& w : ctx_.workers) {
-    boost::asio::post(w->io(), [worker = w.get(), snap] {
+    boost::asio::post(w->io(), [this, worker = w.get(), snap] {
       std::vector<std::pair<std::function<void(const std::string&)>, std::string>> revoked;
       for (auto& [id, live] : worker->live()) {
         const state::Workload* dst = snap->workload_by_uid(live.destination_uid);
+        if (dst == nullptr) {
+          // A pod known from the node's workload map rather than the config file.
+          dst = ctx_.local_workload(*snap, live.facts.destination_ip);
+          if (dst != nullptr && dst->uid != live.destination_uid) dst = nullptr;
+        }
         if (dst == nullptr) {
           revoked.emplace_back(live.abort, "destination workload was removed");
           continue;

@@ -44,6 +44,19 @@ class Proxy {
   // Replace how local workloads are found (e.g. by the node's BPF workload map).
   void set_local_workload_lookup(LocalWorkloadLookup lookup);
 
+  // In-pod mode (ZDS): listening sockets that the caller created inside a pod's netns. The proxy
+  // owns each fd from the call on (closing it on failure too) and serves it as the listener of
+  // its role: "outbound" (15001), "inbound_plaintext" (15006) or "hbone" (15008). Listeners the
+  // pod had before are closed. Returns once the acceptors run, or an error.
+  struct AdoptedListener {
+    std::string role;
+    int fd = -1;
+  };
+  std::optional<std::string> adopt_listeners(const std::string& pod_uid,
+                                             std::vector<AdoptedListener> listeners);
+  // Closes the pod's listeners; connections already accepted carry on. Returns once closed.
+  void release_listeners(const std::string& pod_uid);
+
  private:
   struct Listener {
     std::string role;
@@ -58,6 +71,10 @@ class Proxy {
                                   const net::ListenOptions& options,
                                   std::function<void(Worker&, boost::asio::ip::tcp::socket)> h);
   void accept_loop(Listener& l);
+  std::function<void(Worker&, boost::asio::ip::tcp::socket)> handler_for(const std::string& role);
+  // Runs `f` on the control thread and waits for it (directly when already there).
+  void on_control(const std::function<void()>& f);
+  void close_pod_listeners(const std::string& pod_uid);
   void reconcile_hbone_listeners();
   void recheck_policies(const state::SnapshotPtr& snap);
 

@@ -8,6 +8,7 @@
 
 #include "base/ip_address.h"
 #include "h2/connection.h"
+#include "sockmesh/consts.h"  // the kernel ABI: marks the BPF programs test, the pin root
 
 namespace sockmesh::proxy {
 
@@ -19,10 +20,6 @@ inline constexpr uint16_t kSocks5Port = 15080;
 inline constexpr uint16_t kAdminPort = 15000;
 inline constexpr uint16_t kMetricsPort = 15020;
 inline constexpr uint16_t kReadinessPort = 15021;
-
-// Sockets the proxy opens towards applications and peers carry this mark, so that capture (tc or
-// iptables) lets them pass instead of capturing the proxy's own traffic.
-inline constexpr uint32_t kProxyMark = 0x539;
 
 struct ProxyConfig {
   std::string node_name = "node-a";
@@ -45,7 +42,18 @@ struct ProxyConfig {
   uint16_t hbone_port = kHbonePort;
 
   bool preserve_source_ip = true;
-  uint32_t mark = kProxyMark;
+  // SO_MARK of the proxy's sockets, as bpf/include/sockmesh/consts.h defines them: tc never
+  // captures a packet carrying SM_MARK_PROXY, and sockops puts sockets with SM_MARK_LOCAL_HOP
+  // into the bypass map. `mark`: listeners, upstream and HBONE sockets; `mark_to_app`: the
+  // sockets to a local application (the inbound hop).
+  uint32_t mark = SM_MARK_PROXY_UPSTREAM;
+  uint32_t mark_to_app = SM_MARK_PROXY_TO_APP;
+  // In-pod mode: the node agent hands pods over this Unix socket (ZDS) and the proxy opens its
+  // 15001/15006/15008 listeners inside each pod's netns. Empty: off.
+  std::string zds_socket;
+  // Where the loader pinned the maps: the workload map (identities of enrolled pods) and the
+  // listener map (where the in-pod listeners are registered for tc).
+  std::string bpf_pin_root = SM_PIN_ROOT_DEFAULT;
   std::chrono::milliseconds drain_timeout{5000};
   std::chrono::milliseconds pool_idle_timeout{30000};
   std::chrono::milliseconds connect_timeout{5000};

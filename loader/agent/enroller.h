@@ -1,0 +1,75 @@
+#pragma once
+// The agent's hands on the node: enrolling and unenrolling a pod with the loader (tc in its
+// netns, routing, workload records), reading the workload map, and questions about network
+// namespaces. An interface, so that the agent's decisions can be tested without root.
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/ip_address.h"
+#include "loader/agent/pod_record.h"
+#include "loader/maps/result.h"
+#include "loader/maps/workload_map.h"
+
+namespace sockmesh::agent {
+
+struct EnrolledIp {
+  IpAddress ip;
+  maps::WorkloadRecord record;
+};
+
+struct FoundNetns {
+  std::string path;    // empty: not found
+  std::string ifname;  // the device with the record's ifindex, inside that netns
+};
+
+class Enroller {
+ public:
+  virtual ~Enroller() = default;
+  // Capture on: tc in the pod's netns, routing, then its records. Idempotent.
+  virtual maps::Status enroll(const PodRecord& pod, const std::string& trust_domain) = 0;
+  // Capture off: records first, then tc and routing as they were. When the netns is gone, only
+  // the records of pod.ips. Idempotent.
+  virtual maps::Status unenroll(const PodRecord& pod) = 0;
+  // The workload map's records.
+  virtual maps::Result<std::vector<EnrolledIp>> list() = 0;
+  // Whether `path` is a network namespace that still exists.
+  virtual bool netns_exists(const std::string& path) = 0;
+  // Whether `path` is the node's own network namespace (a host-network pod).
+  virtual bool is_host_netns(const std::string& path) = 0;
+  // The netns whose cookie is `cookie` (and the name of device `ifindex` in it), among the
+  // runtime's netns directories and the processes' namespaces.
+  virtual FoundNetns find_netns(uint64_t cookie, uint32_t ifindex) = 0;
+};
+
+struct LoaderEnrollerOptions {
+  std::string pin_root;
+  // The node's own netns. The agent runs with the node's network (hostNetwork), so by default its
+  // own netns, read once at construction (later its threads visit pods' namespaces).
+  std::string host_netns = "/proc/self/ns/net";
+  // Where runtimes bind-mount pod namespaces (containerd, CRI-O: /var/run/netns/cni-...).
+  std::vector<std::string> netns_dirs = {"/run/netns", "/var/run/netns"};
+  std::string proc_root = "/proc";
+};
+
+// The real thing: loader::enroll/unenroll on the pinned maps under `pin_root`.
+class LoaderEnroller : public Enroller {
+ public:
+  explicit LoaderEnroller(LoaderEnrollerOptions options);
+
+  maps::Status enroll(const PodRecord& pod, const std::string& trust_domain) override;
+  maps::Status unenroll(const PodRecord& pod) override;
+  maps::Result<std::vector<EnrolledIp>> list() override;
+  bool netns_exists(const std::string& path) override;
+  bool is_host_netns(const std::string& path) override;
+  FoundNetns find_netns(uint64_t cookie, uint32_t ifindex) override;
+
+ private:
+  LoaderEnrollerOptions options_;
+  dev_t host_dev_ = 0;
+  ino_t host_ino_ = 0;
+};
+
+}  // namespace sockmesh::agent

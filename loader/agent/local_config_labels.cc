@@ -1,0 +1,72 @@
+#include "loader/agent/local_config_labels.h"
+
+#include <cerrno>
+
+#include "base/log.h"
+
+namespace sockmesh::agent {
+
+LabelViewPtr view_of(const state::Snapshot& snapshot) {
+  auto view = std::make_shared<LabelView>();
+  for (const auto& ns : snapshot.namespaces()) view->namespaces[ns.name] = ns.labels;
+  for (const auto& w : snapshot.workloads()) {
+    PodMeta meta;
+    meta.uid = w.uid;
+    meta.name = w.name;
+    meta.namespace_name = w.namespace_name;
+    meta.service_account = w.service_account;
+    meta.labels = w.labels;
+    meta.ips = w.ips;
+    // Pods of a namespace that has no entry still have a namespace, without labels.
+    view->namespaces.try_emplace(w.namespace_name);
+    view->pods[LabelView::key(w.namespace_name, w.name)] = std::move(meta);
+  }
+  return view;
+}
+
+LocalConfigLabels::LocalConfigLabels(std::string path, std::chrono::milliseconds interval)
+    : path_(std::move(path)), interval_(interval) {}
+
+LocalConfigLabels::~LocalConfigLabels() { stop(); }
+
+maps::Status LocalConfigLabels::load() {
+  if (path_.empty()) {
+    auto parsed = config::parse_local_config(config::embedded_default_config(), "<embedded>");
+    if (const auto* error = config::error_of(parsed)) {
+      return maps::Error{EINVAL, error->to_string()};
+    }
+    store_.set(config::snapshot_of(parsed));
+    return {};
+  }
+  watcher_ = std::make_unique<config::ConfigWatcher>(path_, &store_, interval_);
+  if (auto error = watcher_->reload()) return maps::Error{EINVAL, error->to_string()};
+  return {};
+}
+
+void LocalConfigLabels::start(Listener listener) {
+  {
+    std::lock_guard lock(mu_);
+    listener_ = std::move(listener);
+  }
+  store_.subscribe([this](const state::SnapshotPtr&, const state::SnapshotPtr& current) {
+    Listener l;
+    {
+      std::lock_guard lock(mu_);
+      l = listener_;
+    }
+    if (l && current) {
+      SM_INFO("agent") << "labels changed in " << (path_.empty() ? "<embedded>" : path_);
+      l(view_of(*current));
+    }
+  });
+  listener_(view_of(*store_.get()));
+  if (watcher_) watcher_->start();
+}
+
+void LocalConfigLabels::stop() {
+  if (watcher_) watcher_->stop();
+  std::lock_guard lock(mu_);
+  listener_ = nullptr;
+}
+
+}  // namespace sockmesh::agent

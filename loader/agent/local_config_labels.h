@@ -1,0 +1,43 @@
+#pragma once
+// Labels from the local config file (the proxy's format): `namespaces: [{name, labels}]` and each
+// workload's `labels` are sockmesh's extensions for a machine without an API server. The file is
+// polled (config::ConfigWatcher): a valid change is published as a new view, an invalid one is
+// logged and the previous view stays. Without a file, the embedded default is published once.
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "config/watcher.h"
+#include "loader/agent/label_source.h"
+#include "loader/maps/result.h"
+#include "state/store.h"
+
+namespace sockmesh::agent {
+
+// The view of a parsed config: namespaces and their labels, workloads as pods.
+LabelViewPtr view_of(const state::Snapshot& snapshot);
+
+class LocalConfigLabels final : public LabelSource {
+ public:
+  // `path` empty: the embedded default config.
+  explicit LocalConfigLabels(std::string path, std::chrono::milliseconds interval =
+                                                   config::ConfigWatcher::kDefaultInterval);
+  ~LocalConfigLabels() override;
+
+  // Reads the file once; a bad or missing file is an error here (but not later).
+  maps::Status load();
+
+  std::string name() const override { return "local-config"; }
+  void start(Listener listener) override;
+  void stop() override;
+
+ private:
+  const std::string path_;
+  const std::chrono::milliseconds interval_;
+  state::StateStore store_;
+  std::unique_ptr<config::ConfigWatcher> watcher_;
+  Listener listener_;
+  std::mutex mu_;  // guards listener_ against the watcher's thread
+};
+
+}  // namespace sockmesh::agent

@@ -1,0 +1,131 @@
+#include "loader/agent/run.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <ctime>
+#include <map>
+
+#include "base/log.h"
+#include "loader/agent/cni_server.h"
+#include "loader/agent/enroller.h"
+#include "loader/agent/kube/kubernetes_labels.h"
+#include "loader/agent/local_config_labels.h"
+#include "loader/agent/node_agent.h"
+#include "loader/agent/pod_discovery.h"
+
+extern char** environ;
+
+namespace sockmesh::agent {
+namespace {
+
+std::map<std::string, std::string> environment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string kv = *e;
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return env;
+}
+
+std::string node_name(const RunOptions& options, const std::map<std::string, std::string>& env) {
+  if (!options.node_name.empty()) return options.node_name;
+  if (auto it = env.find("NODE_NAME"); it != env.end() && !it->second.empty()) return it->second;
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+int fail(const std::string& message) {
+  SM_ERROR("agent") << message;
+  return 1;
+}
+
+std::unique_ptr<LabelSource> make_source(const RunOptions& options, std::string* error) {
+  auto env = environment();
+  std::string mode = options.labels_from;
+  if (mode == "auto") {
+    mode = !options.kubeconfig.empty() || env.count("KUBERNETES_SERVICE_HOST") ? "kubernetes"
+                                                                               : "config";
+  }
+  if (mode == "kubernetes") {
+    auto access = options.kubeconfig.empty() ? kube::in_cluster(env)
+                                             : kube::load_kubeconfig(options.kubeconfig);
+    if (!access) {
+      *error = "Kubernetes API: " + access.error().message;
+      return nullptr;
+    }
+    return std::make_unique<kube::KubernetesLabels>(*access, node_name(options, env));
+  }
+  if (mode != "config") {
+    *error = "--labels-from must be kubernetes, config or auto, not " + mode;
+    return nullptr;
+  }
+  auto source = std::make_unique<LocalConfigLabels>(options.config_path, options.config_poll);
+  if (auto s = source->load(); !s) {
+    *error = "local config: " + s.error().message;
+    return nullptr;
+  }
+  return source;
+}
+
+}  // namespace
+
+int run_agent(const RunOptions& options, std::unique_ptr<WorkloadHandoff> handoff) {
+  // Signals are taken synchronously by this thread; every thread started below inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  if (!options.skip_install) {
+    // install() logs what it changes.
+    auto report = loader::install(options.install);
+    if (!report) return fail("installing the datapath: " + report.error().message);
+  }
+
+  std::string error;
+  auto source = make_source(options, &error);
+  if (!source) return fail(error);
+
+  LoaderEnroller enroller(LoaderEnrollerOptions{options.install.pin_root});
+  ProcPodNetnsFinder finder;
+  AgentOptions agent_options;
+  agent_options.excluded_namespaces = options.excluded_namespaces;
+  agent_options.trust_domain = options.trust_domain;
+  agent_options.state_file = options.run_dir + "/agent-pods.json";
+  agent_options.hints_file = options.run_dir + "/cni-namespaces.json";
+  if (!handoff)
+    SM_INFO("agent") << "no proxy handoff configured: pods are enrolled in the datapath only";
+  NodeAgent agent(agent_options, &enroller, std::move(handoff), &finder);
+  agent.set_label_source(source.get());
+  if (auto s = agent.start(); !s) return fail("reconciling enrolled pods: " + s.error().message);
+
+  CniEventServer server(
+      options.socket_path.empty() ? options.run_dir + "/cni.sock" : options.socket_path,
+      [&](const cni::PodEvent& e) { return agent.handle(e); },
+      [&](const cni::PodEvent& e) { agent.reply_lost(e); });
+  if (auto s = server.start(); !s) return fail("CNI event socket: " + s.error().message);
+  source->start([&](LabelViewPtr view) { agent.update_labels(std::move(view)); });
+  SM_INFO("agent") << "running: labels from " << source->name() << ", pin root "
+                   << options.install.pin_root;
+
+  for (;;) {
+    timespec wait{};
+    wait.tv_sec = options.sweep_interval.count() / 1000;
+    wait.tv_nsec = (options.sweep_interval.count() % 1000) * 1000000;
+    int sig = sigtimedwait(&signals, nullptr, &wait);
+    if (sig == SIGTERM || sig == SIGINT) break;
+    agent.sweep();
+  }
+  SM_INFO("agent") << "stopping; enrolled pods stay enrolled (a restarted agent adopts them)";
+  agent.shutdown();
+  server.stop();
+  source->stop();
+  return 0;
+}
+
+}  // namespace sockmesh::agent

@@ -1,0 +1,408 @@
+// sockmesh-cni as the runtime sees it: the binary, run with CNI_* variables and a config on
+// stdin, against a stand-in agent on a Unix socket of the test's own. What it prints, its exit
+// status, and whether it bothered the agent at all.
+#include "cni/plugin/plugin.h"
+
+#include <elf.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "base/log.h"
+#include "cni/event/pod_event.h"
+#include "loader/agent/cni_server.h"
+
+namespace sockmesh::cni {
+namespace {
+
+using namespace std::chrono_literals;
+using Json = nlohmann::ordered_json;
+
+// The result bridge + host-local gave on this machine (Debian containernetworking-plugins 1.1.1).
+constexpr char kBridgeResult[] = R"({
+    "cniVersion": "1.0.0",
+    "interfaces": [
+        {"name": "smbr0", "mac": "02:d0:47:c9:c2:83"},
+        {"name": "veth15859982", "mac": "fe:e9:69:a2:82:2c"},
+        {"name": "eth0", "mac": "a6:d5:b1:79:27:60", "sandbox": "/run/netns/pod"}
+    ],
+    "ips": [
+        {"interface": 2, "address": "10.123.0.3/24", "gateway": "10.123.0.1"},
+        {"interface": 0, "address": "10.123.0.1/24"}
+    ],
+    "routes": [{"dst": "0.0.0.0/0"}],
+    "dns": {}
+})";
+
+std::string binary() {
+  const char* build = std::getenv("SOCKMESH_BUILD_DIR");
+  return std::string(build ? build : ".") + "/cni/sockmesh-cni";
+}
+
+struct PluginRun {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+  Json json() const { return Json::parse(out); }
+};
+
+// Runs the binary as a runtime does: environment replaced, config on stdin.
+PluginRun run_binary(const std::map<std::string, std::string>& env, const std::string& input) {
+  int in[2], out[2], err[2];
+  EXPECT_EQ(pipe(in), 0);
+  EXPECT_EQ(pipe(out), 0);
+  EXPECT_EQ(pipe(err), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(in[0], 0);
+    dup2(out[1], 1);
+    dup2(err[1], 2);
+    for (int fd : {in[0], in[1], out[0], out[1], err[0], err[1]}) close(fd);
+    std::vector<std::string> kv;
+    for (const auto& [k, v] : env) kv.push_back(k + "=" + v);
+    std::vector<char*> envp;
+    for (auto& s : kv) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::string path = binary();
+    char* argv[] = {path.data(), nullptr};
+    execve(path.c_str(), argv, envp.data());
+    _exit(127);
+  }
+  close(in[0]);
+  close(out[1]);
+  close(err[1]);
+  (void)!write(in[1], input.data(), input.size());
+  close(in[1]);
+  PluginRun r;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(out[0], buf, sizeof(buf))) > 0) r.out.append(buf, static_cast<size_t>(n));
+  while ((n = read(err[0], buf, sizeof(buf))) > 0) r.err.append(buf, static_cast<size_t>(n));
+  close(out[0]);
+  close(err[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// A stand-in for the node agent: answers with `reply`, counts events.
+class FakeAgent {
+ public:
+  FakeAgent(const std::string& path, AgentReply reply,
+            std::chrono::milliseconds delay = std::chrono::milliseconds(0))
+      : server_(
+            path,
+            [this, reply, delay](const PodEvent& e) {
+              {
+                std::lock_guard lock(mu_);
+                events_.push_back(e);
+              }
+              std::this_thread::sleep_for(delay);
+              return reply;
+            },
+            nullptr) {
+    EXPECT_TRUE(server_.start());
+  }
+  std::vector<PodEvent> events() {
+    std::lock_guard lock(mu_);
+    return events_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<PodEvent> events_;
+  agent::CniEventServer server_;
+};
+
+class PluginTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    log::set_level(log::Level::kError);
+    dir_ = std::filesystem::temp_directory_path() /
+           ("sockmesh-plugin-" + std::to_string(getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string socket() const { return (dir_ / "cni.sock").string(); }
+  std::string hints() const { return (dir_ / "hints.json").string(); }
+
+  std::map<std::string, std::string> env(const std::string& command,
+                                         const std::string& ns = "shop") const {
+    return {{"CNI_COMMAND", command},
+            {"CNI_CONTAINERID", "0123abcd"},
+            {"CNI_NETNS", "/run/netns/pod"},
+            {"CNI_IFNAME", "eth0"},
+            {"CNI_PATH", "/usr/lib/cni"},
+            {"CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAMESPACE=" + ns +
+                             ";K8S_POD_NAME=cart-0;K8S_POD_INFRA_CONTAINER_ID=0123abcd;"
+                             "K8S_POD_UID=4a1b2c3d-0000-4e5f-8a9b-0123456789ab"}};
+  }
+
+  Json config(const std::string& version = "1.0.0", bool with_prev = true) const {
+    Json c;
+    c["cniVersion"] = version;
+    c["name"] = "k8s-pod-network";
+    c["type"] = "sockmesh-cni";
+    c["agent_socket"] = socket();
+    c["namespace_hints"] = hints();
+    c["agent_timeout_ms"] = 1000;
+    if (with_prev) c["prevResult"] = Json::parse(kBridgeResult);
+    return c;
+  }
+
+  static void expect_error(const PluginRun& r, int code, const std::string& in_msg = "") {
+    EXPECT_NE(r.exit_code, 0) << r.out;
+    Json j = Json::parse(r.out, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << "stdout must be CNI error JSON: " << r.out;
+    EXPECT_EQ(j.value("code", 0), code) << r.out;
+    EXPECT_TRUE(j.contains("msg"));
+    EXPECT_TRUE(j.contains("cniVersion"));
+    if (!in_msg.empty()) {
+      EXPECT_NE(j.value("msg", "").find(in_msg), std::string::npos) << j.value("msg", "");
+    }
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(PluginTest, AddPrintsThePreviousResultUnchangedOnceTheAgentEnrolledThePod) {
+  FakeAgent agent(socket(), AgentReply{Outcome::kEnrolled, "namespace shop is ambient"});
+  PluginRun r = run_binary(env("ADD"), config().dump());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  // Byte for byte as the previous plugin's result reads once parsed: values and key order.
+  EXPECT_EQ(r.json().dump(), Json::parse(kBridgeResult).dump());
+  auto events = agent.events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].command, Command::kAdd);
+  EXPECT_EQ(events[0].pod_namespace, "shop");
+  EXPECT_EQ(events[0].pod_name, "cart-0");
+  EXPECT_EQ(events[0].pod_uid, "4a1b2c3d-0000-4e5f-8a9b-0123456789ab");
+  EXPECT_EQ(events[0].netns, "/run/netns/pod");
+  EXPECT_EQ(events[0].container_id, "0123abcd");
+  EXPECT_EQ(events[0].ips, std::vector<std::string>{"10.123.0.3"})
+      << "only the pod's own address (its interface has a sandbox), not the bridge's";
+}
+
+TEST_F(PluginTest, SkippedPodsPassAndCheckAndDelSucceed) {
+  FakeAgent agent(socket(), AgentReply{Outcome::kSkipped, "not labelled"});
+  PluginRun add = run_binary(env("ADD"), config().dump());
+  EXPECT_EQ(add.exit_code, 0) << add.out;
+  PluginRun check = run_binary(env("CHECK"), config().dump());
+  EXPECT_EQ(check.exit_code, 0) << check.out;
+  EXPECT_EQ(check.out, "") << "CHECK prints nothing on success";
+  auto events = agent.events();
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[1].command, Command::kCheck);
+}
+
+TEST_F(PluginTest, DelSucceedsAlwaysTwiceAndWithoutTheAgent) {
+  Json del = config();
+  del.erase("prevResult");
+  for (int i = 0; i < 2; ++i) {
+    PluginRun r = run_binary(env("DEL"), del.dump());
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_EQ(r.out, "");
+    EXPECT_NE(r.err.find("not confirmed"), std::string::npos) << r.err;
+  }
+  {
+    FakeAgent agent(socket(), AgentReply{Outcome::kRemoved, ""});
+    auto env_without_netns = env("DEL");
+    env_without_netns.erase("CNI_NETNS");  // allowed on DEL
+    for (int i = 0; i < 2; ++i) EXPECT_EQ(run_binary(env_without_netns, del.dump()).exit_code, 0);
+    EXPECT_EQ(agent.events().size(), 2u);
+    EXPECT_EQ(agent.events()[0].command, Command::kDel);
+  }
+  // An agent that failed to clean up does not fail DEL either.
+  std::filesystem::remove(socket());
+  FakeAgent failing(socket(), AgentReply{Outcome::kFailed, "map not pinned"});
+  EXPECT_EQ(run_binary(env("DEL"), del.dump()).exit_code, 0);
+}
+
+TEST_F(PluginTest, AnUnreachableAgentFailsAddWithTryAgainLaterAndSaysWhatToDo) {
+  PluginRun r = run_binary(env("ADD"), config().dump());
+  expect_error(r, 11, "sockmesh-loader run");
+  EXPECT_NE(Json::parse(r.out).value("msg", "").find("exclude_namespaces"), std::string::npos);
+}
+
+TEST_F(PluginTest, AnAgentThatDoesNotAnswerFailsAddWithinTheDeadline) {
+  FakeAgent slow(socket(), AgentReply{Outcome::kEnrolled, ""}, 1500ms);
+  Json c = config();
+  c["agent_timeout_ms"] = 300;
+  auto start = std::chrono::steady_clock::now();
+  PluginRun r = run_binary(env("ADD"), c.dump());
+  auto took = std::chrono::steady_clock::now() - start;
+  expect_error(r, 11);
+  EXPECT_LT(took, 2000ms);
+  EXPECT_NE(Json::parse(r.out).value("details", "").find("within 300 ms"), std::string::npos)
+      << r.out;
+}
+
+TEST_F(PluginTest, AnAgentThatFailedGivesCode100WithItsReason) {
+  FakeAgent agent(socket(), AgentReply{Outcome::kFailed, "no interface eth0 in netns"});
+  PluginRun r = run_binary(env("ADD"), config().dump());
+  expect_error(r, 100, "could not enroll pod shop/cart-0");
+  EXPECT_EQ(Json::parse(r.out).value("details", ""), "no interface eth0 in netns");
+}
+
+TEST_F(PluginTest, WithoutTheAgentPodsThatAreCertainlyNotEnrolledStillStart) {
+  // Excluded in the netconf: the agent is not even asked.
+  PluginRun excluded = run_binary(env("ADD", "kube-system"), config().dump());
+  EXPECT_EQ(excluded.exit_code, 0) << excluded.out;
+  EXPECT_EQ(excluded.json().dump(), Json::parse(kBridgeResult).dump());
+
+  // Not a Kubernetes pod (no K8S_POD_* in CNI_ARGS).
+  auto plain = env("ADD");
+  plain["CNI_ARGS"] = "";
+  EXPECT_EQ(run_binary(plain, config().dump()).exit_code, 0);
+
+  // The agent's last hints: "plain" is known and not ambient, "shop" is ambient.
+  NamespaceHints h;
+  h.source = "kubernetes";
+  h.ambient = {"shop"};
+  h.other = {"plain"};
+  h.excluded = {"kube-system"};
+  std::ofstream(hints()) << encode(h);
+  PluginRun known_plain = run_binary(env("ADD", "plain"), config().dump());
+  EXPECT_EQ(known_plain.exit_code, 0) << known_plain.out;
+  EXPECT_NE(known_plain.err.find("not in the mesh"), std::string::npos) << known_plain.err;
+  expect_error(run_binary(env("ADD", "shop"), config().dump()), 11);
+  expect_error(run_binary(env("ADD", "brand-new"), config().dump()), 11);
+
+  // An agent that is starting answers "unavailable": the same rules.
+  FakeAgent starting(socket(), AgentReply{Outcome::kUnavailable, "no labels yet"});
+  EXPECT_EQ(run_binary(env("ADD", "plain"), config().dump()).exit_code, 0);
+  expect_error(run_binary(env("ADD", "shop"), config().dump()), 11);
+}
+
+TEST_F(PluginTest, BadInputGivesTheSpecsCodesAndBothersNobody) {
+  FakeAgent agent(socket(), AgentReply{Outcome::kEnrolled, ""});
+  // No CNI_COMMAND, an unknown one.
+  auto no_command = env("ADD");
+  no_command.erase("CNI_COMMAND");
+  expect_error(run_binary(no_command, config().dump()), 4, "CNI_COMMAND");
+  expect_error(run_binary(env("FROB"), config().dump()), 4, "FROB");
+  // Missing variables.
+  for (const char* var : {"CNI_NETNS", "CNI_CONTAINERID", "CNI_IFNAME"}) {
+    auto e = env("ADD");
+    e.erase(var);
+    expect_error(run_binary(e, config().dump()), 4, var);
+  }
+  auto e = env("DEL");
+  e.erase("CNI_CONTAINERID");
+  expect_error(run_binary(e, config().dump()), 4, "CNI_CONTAINERID");
+  // stdin that is not JSON, or not an object, or with mistyped fields.
+  expect_error(run_binary(env("ADD"), "{\"cniVersion\": \"1.0.0\", "), 6, "not valid JSON");
+  expect_error(run_binary(env("ADD"), ""), 6);
+  expect_error(run_binary(env("ADD"), "[1, 2]"), 6);
+  Json mistyped = config();
+  mistyped["exclude_namespaces"] = "kube-system";
+  expect_error(run_binary(env("ADD"), mistyped.dump()), 6, "exclude_namespaces");
+  Json bad_prev = config();
+  bad_prev["prevResult"]["ips"][0]["address"] = "10.123.0.300/24";
+  expect_error(run_binary(env("ADD"), bad_prev.dump()), 6, "10.123.0.300");
+  // Versions.
+  expect_error(run_binary(env("ADD"), config("2.0.0").dump()), 1, "2.0.0");
+  expect_error(run_binary(env("CHECK"), config("0.3.1").dump()), 1, "CHECK");
+  // Configuration errors.
+  expect_error(run_binary(env("ADD"), config("1.0.0", false).dump()), 7, "chained");
+  Json timeout = config();
+  timeout["agent_timeout_ms"] = -5;
+  expect_error(run_binary(env("ADD"), timeout.dump()), 7, "agent_timeout_ms");
+  EXPECT_TRUE(agent.events().empty()) << "bad input must not reach the agent";
+}
+
+TEST_F(PluginTest, VersionListsTheSpecVersions) {
+  PluginRun r = run_binary({{"CNI_COMMAND", "VERSION"}}, R"({"cniVersion": "1.0.0"})");
+  ASSERT_EQ(r.exit_code, 0);
+  Json j = r.json();
+  EXPECT_EQ(j["cniVersion"], "1.0.0");
+  EXPECT_EQ(j["supportedVersions"],
+            Json::parse(R"(["0.1.0","0.2.0","0.3.0","0.3.1","0.4.0","1.0.0"])"));
+}
+
+TEST_F(PluginTest, OlderResultFormatsAndOlderConfigVersions) {
+  FakeAgent agent(socket(), AgentReply{Outcome::kEnrolled, ""});
+  // 0.4.0 (interfaces with "version"), dual stack.
+  Json c = config("0.4.0");
+  c["prevResult"] = Json::parse(R"({"cniVersion": "0.4.0",
+      "interfaces": [{"name": "eth0", "sandbox": "/run/netns/pod"}],
+      "ips": [{"version": "4", "interface": 0, "address": "10.1.0.5/24"},
+              {"version": "6", "interface": 0, "address": "fd00:1::5/64"}],
+      "dns": {}})");
+  PluginRun r = run_binary(env("ADD"), c.dump());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.json().dump(), c["prevResult"].dump());
+  // 0.2.0: ip4/ip6.
+  Json old = config("0.2.0");
+  old["prevResult"] = Json::parse(R"({"cniVersion": "0.2.0",
+      "ip4": {"ip": "10.1.0.6/24", "gateway": "10.1.0.1"}, "dns": {}})");
+  ASSERT_EQ(run_binary(env("ADD"), old.dump()).exit_code, 0);
+  auto events = agent.events();
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].ips, (std::vector<std::string>{"10.1.0.5", "fd00:1::5"}));
+  EXPECT_EQ(events[1].ips, std::vector<std::string>{"10.1.0.6"});
+}
+
+TEST(PluginBinary, IsStaticSmallAndQuickToStart) {
+  std::string path = binary();
+  // No program interpreter: nothing to find on the host but the kernel.
+  std::ifstream elf(path, std::ios::binary);
+  Elf64_Ehdr header{};
+  elf.read(reinterpret_cast<char*>(&header), sizeof(header));
+  ASSERT_TRUE(elf.good());
+  bool has_interp = false;
+  for (int i = 0; i < header.e_phnum; ++i) {
+    Elf64_Phdr ph{};
+    elf.seekg(static_cast<std::streamoff>(header.e_phoff + i * header.e_phentsize));
+    elf.read(reinterpret_cast<char*>(&ph), sizeof(ph));
+    has_interp |= ph.p_type == PT_INTERP;
+  }
+  EXPECT_FALSE(has_interp) << path << " is dynamically linked";
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_LT(st.st_size, 3 * 1024 * 1024) << "sockmesh-cni grew past 3 MiB";
+
+  auto start = std::chrono::steady_clock::now();
+  constexpr int kRuns = 50;
+  for (int i = 0; i < kRuns; ++i) {
+    ASSERT_EQ(run_binary({{"CNI_COMMAND", "VERSION"}}, "").exit_code, 0);
+  }
+  auto each = (std::chrono::steady_clock::now() - start) / kRuns;
+  std::cout << "sockmesh-cni: " << st.st_size << " bytes, VERSION in "
+            << std::chrono::duration_cast<std::chrono::microseconds>(each).count()
+            << " us per run (fork+exec included)\n";
+  EXPECT_LT(each, 20ms);
+}
+
+TEST(CniArgs, ParsesTheKubernetesKeys) {
+  PodArgs pod = parse_cni_args(
+      "IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME=cart-0;"
+      "K8S_POD_INFRA_CONTAINER_ID=abc;K8S_POD_UID=u-1");
+  EXPECT_EQ(pod.namespace_name, "shop");
+  EXPECT_EQ(pod.name, "cart-0");
+  EXPECT_EQ(pod.uid, "u-1");
+  EXPECT_TRUE(pod.is_kubernetes_pod());
+  EXPECT_FALSE(parse_cni_args("IgnoreUnknown=1").is_kubernetes_pod());
+  EXPECT_TRUE(version_less("0.3.1", "0.4.0"));
+  EXPECT_FALSE(version_less("1.0.0", "0.4.0"));
+}
+
+}  // namespace
+}  // namespace sockmesh::cni

@@ -1,0 +1,494 @@
+// The node agent's decisions and their effects, with a fake node (FakeEnroller) and a fake proxy
+// (FakeHandoff): which pods are enrolled, in which order things happen, what is undone on failure,
+// and what a restarted agent makes of what it finds.
+#include "loader/agent/node_agent.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "base/log.h"
+#include "loader/agent/files.h"
+#include "testing/fakes.h"
+
+namespace sockmesh::agent {
+namespace {
+
+using cni::Outcome;
+using testing::CallLog;
+using testing::FakeEnroller;
+using testing::FakeHandoff;
+
+IpAddress ip(const char* text) { return *IpAddress::parse(text); }
+
+const Labels kAmbient = {{kDataplaneModeLabel, kDataplaneModeAmbient}};
+const Labels kOptOut = {{kDataplaneModeLabel, kDataplaneModeNone}};
+
+cni::PodEvent event(cni::Command command, const std::string& ns, const std::string& name,
+                    const std::string& netns, const std::string& address,
+                    const std::string& container = "") {
+  cni::PodEvent e;
+  e.command = command;
+  e.container_id = container.empty() ? "ctr-" + name : container;
+  e.netns = netns;
+  e.ifname = "eth0";
+  e.pod_namespace = ns;
+  e.pod_name = name;
+  e.pod_uid = "uid-" + name;
+  if (!address.empty()) e.ips = {address};
+  e.deadline_ms = 10000;
+  return e;
+}
+
+struct ViewBuilder {
+  std::shared_ptr<LabelView> view = std::make_shared<LabelView>();
+  ViewBuilder& ns(const std::string& name, Labels labels = {}) {
+    view->namespaces[name] = std::move(labels);
+    return *this;
+  }
+  ViewBuilder& pod(const std::string& ns, const std::string& name, Labels labels,
+                   std::vector<IpAddress> ips = {}, bool host_network = false) {
+    PodMeta m;
+    m.uid = "uid-" + name;
+    m.name = name;
+    m.namespace_name = ns;
+    m.service_account = "sa-" + name;
+    m.labels = std::move(labels);
+    m.ips = std::move(ips);
+    m.host_network = host_network;
+    view->pods[LabelView::key(ns, name)] = m;
+    return *this;
+  }
+  LabelViewPtr build() { return view; }
+};
+
+class NodeAgentTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    log::set_level(log::Level::kWarn);
+    dir_ = std::filesystem::temp_directory_path() /
+           ("sockmesh-agent-test-" + std::to_string(getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+    for (int i = 1; i <= 4; ++i) enroller_.add_netns(netns(i), 100 + i);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string netns(int i) const { return "/var/run/netns/cni-pod" + std::to_string(i); }
+
+  std::unique_ptr<NodeAgent> make_agent(
+      std::chrono::milliseconds labels_wait = std::chrono::milliseconds(1000)) {
+    auto handoff = std::make_unique<FakeHandoff>(&log_);
+    handoff_ = handoff.get();
+    AgentOptions options;
+    options.state_file = (dir_ / "pods.json").string();
+    options.hints_file = (dir_ / "hints.json").string();
+    options.labels_wait = labels_wait;
+    auto agent = std::make_unique<NodeAgent>(options, &enroller_, std::move(handoff));
+    auto s = agent->start();
+    EXPECT_TRUE(s) << s.error().message;
+    return agent;
+  }
+
+  bool in_map(const char* address) { return enroller_.workload_map().count(ip(address)) != 0; }
+  bool handed_over(const std::string& uid) { return handoff_->pods().count(uid) != 0; }
+
+  std::filesystem::path dir_;
+  CallLog log_;
+  FakeEnroller enroller_{&log_};
+  FakeHandoff* handoff_ = nullptr;
+};
+
+// --- decide(): the table -------------------------------------------------------------------------
+
+struct Row {
+  const char* name;
+  std::optional<Labels> namespace_labels;  // nullopt: namespace unknown
+  std::optional<Labels> pod_labels;        // nullopt: pod unknown
+  const char* namespace_name;
+  bool host_network;
+  bool enroll;
+};
+
+class DecisionTable : public ::testing::TestWithParam<Row> {};
+
+TEST_P(DecisionTable, Decides) {
+  const Row& row = GetParam();
+  PodFacts facts;
+  facts.namespace_name = row.namespace_name;
+  facts.namespace_labels = row.namespace_labels ? &*row.namespace_labels : nullptr;
+  facts.pod_labels = row.pod_labels ? &*row.pod_labels : nullptr;
+  facts.host_network = row.host_network;
+  Decision d = decide(facts, {"kube-system"});
+  EXPECT_EQ(d.enroll, row.enroll) << d.reason;
+  EXPECT_FALSE(d.reason.empty());
+}
+
+const Labels kOther = {{"team", "a"}};
+const Labels kNotAmbient = {{kDataplaneModeLabel, "sidecar"}};
+
+INSTANTIATE_TEST_SUITE_P(
+    Rows, DecisionTable,
+    ::testing::Values(Row{"LabelledNamespace", kAmbient, kOther, "shop", false, true},
+                      Row{"LabelledNamespaceUnknownPod", kAmbient, std::nullopt, "shop", false,
+                          true},
+                      Row{"UnlabelledNamespace", kOther, kOther, "shop", false, false},
+                      Row{"OtherModeOnNamespace", kNotAmbient, Labels{}, "shop", false, false},
+                      Row{"UnknownNamespace", std::nullopt, Labels{}, "shop", false, false},
+                      Row{"PodOptsOut", kAmbient, kOptOut, "shop", false, false},
+                      Row{"PodOptsIn", Labels{}, kAmbient, "shop", false, true},
+                      Row{"PodOptsInUnknownNamespace", std::nullopt, kAmbient, "shop", false, true},
+                      Row{"ExcludedNamespace", kAmbient, kAmbient, "kube-system", false, false},
+                      Row{"HostNetwork", kAmbient, kAmbient, "shop", true, false}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// --- the agent's decisions through CNI events ---------------------------------------------------
+
+TEST_F(NodeAgentTest, EnrollmentDecisionsThroughAddEvents) {
+  auto agent = make_agent();
+  agent->update_labels(ViewBuilder()
+                           .ns("shop", kAmbient)
+                           .ns("plain")
+                           .ns("kube-system", kAmbient)
+                           .pod("shop", "opted-out", kOptOut)
+                           .pod("plain", "opted-in", kAmbient)
+                           .build());
+  struct Case {
+    const char* ns;
+    const char* name;
+    std::string netns;
+    const char* ip;
+    Outcome outcome;
+  };
+  const Case cases[] = {
+      {"shop", "labelled-ns", netns(1), "10.0.0.1", Outcome::kEnrolled},
+      {"plain", "unlabelled-ns", netns(2), "10.0.0.2", Outcome::kSkipped},
+      {"shop", "opted-out", netns(3), "10.0.0.3", Outcome::kSkipped},
+      {"plain", "opted-in", netns(4), "10.0.0.4", Outcome::kEnrolled},
+      {"kube-system", "excluded", netns(1) + "-x", "10.0.0.5", Outcome::kSkipped},
+      {"shop", "host-network", enroller_.host_netns, "10.0.0.6", Outcome::kSkipped},
+  };
+  enroller_.add_netns(netns(1) + "-x", 201);
+  for (const auto& c : cases) {
+    auto reply = agent->handle(event(cni::Command::kAdd, c.ns, c.name, c.netns, c.ip));
+    EXPECT_EQ(reply.outcome, c.outcome) << c.name << ": " << reply.message;
+    bool enrolled = c.outcome == Outcome::kEnrolled;
+    EXPECT_EQ(in_map(c.ip), enrolled) << c.name;
+    EXPECT_EQ(handed_over(std::string("uid-") + c.name), enrolled) << c.name;
+  }
+  // The pod's service account came from the label source.
+  EXPECT_EQ(handoff_->pods().at("uid-opted-in").service_account, "sa-opted-in");
+  EXPECT_EQ(enroller_.workload_map().at(ip("10.0.0.1")).service_account, "default");
+}
+
+TEST_F(NodeAgentTest, HandsToTheProxyBeforeCaptureAndTakesCaptureOffFirst) {
+  auto agent = make_agent();
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
+  log_.clear();
+  auto add = event(cni::Command::kAdd, "shop", "a", netns(1), "10.0.0.1");
+  EXPECT_EQ(agent->handle(add).outcome, Outcome::kEnrolled);
+  EXPECT_EQ(log_.calls(), (std::vector<std::string>{"add uid-a", "enroll uid-a"}));
+  log_.clear();
+  auto del = event(cni::Command::kDel, "shop", "a", "", "");
+  EXPECT_EQ(agent->handle(del).outcome, Outcome::kRemoved);
+  EXPECT_EQ(log_.calls(), (std::vector<std::string>{"unenroll uid-a", "remove uid-a"}));
+  EXPECT_FALSE(in_map("10.0.0.1"));
+  // A second DEL, and a DEL of a pod never seen, succeed and do nothing.
+  log_.clear();
+  EXPECT_EQ(agent->handle(del).outcome, Outcome::kRemoved);
+  EXPECT_EQ(agent->handle(event(cni::Command::kDel, "shop", "never", "", "")).outcome,
+            Outcome::kRemoved);
+  EXPECT_TRUE(log_.calls().empty());
+  EXPECT_TRUE(agent->pods().empty());
+}
+
+TEST_F(NodeAgentTest, StartSyncsTheProxyBeforeAnyAdd) {
+  auto agent = make_agent();
+  ASSERT_FALSE(log_.calls().empty());
+  EXPECT_EQ(log_.calls().front(), "sync ");
+}
+
+TEST_F(NodeAgentTest, FailedEnrollmentLeavesNothingBehind) {
+  auto agent = make_agent();
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
+  enroller_.fail_enroll_of("uid-a");
+  log_.clear();
+  auto reply = agent->handle(event(cni::Command::kAdd, "shop", "a", netns(1), "10.0.0.1"));
+  EXPECT_EQ(reply.outcome, Outcome::kFailed);
+  EXPECT_NE(reply.message.find("no such device"), std::string::npos) << reply.message;
+  EXPECT_FALSE(in_map("10.0.0.1"));
+  EXPECT_FALSE(handed_over("uid-a"));
+  EXPECT_EQ(log_.calls(), (std::vector<std::string>{"add uid-a", "enroll uid-a", "remove uid-a"}));
+  EXPECT_FALSE(agent->pods().at("uid-a").enrolled);
+}
+
+TEST_F(NodeAgentTest, UnreachableProxyFailsTheAddWithoutCapture) {
+  auto agent = make_agent();
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
+  handoff_->fail_adds(true);
+  auto reply = agent->handle(event(cni::Command::kAdd, "shop", "a", netns(1), "10.0.0.1"));
+  EXPECT_EQ(reply.outcome, Outcome::kFailed);
+  EXPECT_NE(reply.message.find("proxy"), std::string::npos) << reply.message;
+  EXPECT_FALSE(in_map("10.0.0.1"));
+}
+
+TEST_F(NodeAgentTest, AddWithoutAddressesFailsForAPodToEnroll) {
+  auto agent = make_agent();
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).ns("plain").build());
+  EXPECT_EQ(agent->handle(event(cni::Command::kAdd, "shop", "a", netns(1), "")).outcome,
+            Outcome::kFailed);
+  EXPECT_EQ(agent->handle(event(cni::Command::kAdd, "plain", "b", netns(2), "")).outcome,
+            Outcome::kSkipped);
+  auto bad = event(cni::Command::kAdd, "shop", "c", netns(3), "not-an-ip");
+  EXPECT_EQ(agent->handle(bad).outcome, Outcome::kFailed);
+}
+
+TEST_F(NodeAgentTest, NoLabelsYetMeansUnavailable) {
+  auto agent = make_agent(std::chrono::milliseconds(50));
+  auto reply = agent->handle(event(cni::Command::kAdd, "shop", "a", netns(1), "10.0.0.1"));
+  EXPECT_EQ(reply.outcome, Outcome::kUnavailable);
+  EXPECT_FALSE(in_map("10.0.0.1"));
+  // DEL needs no labels.
+  EXPECT_EQ(agent->handle(event(cni::Command::kDel, "shop", "a", "", "")).outcome,
+            Outcome::kRemoved);
+}
+
+TEST_F(NodeAgentTest, StoppingAnswersEventsThatWaitForLabels) {
+  auto agent = make_agent(std::chrono::milliseconds(10000));
+  auto start = std::chrono::steady_clock::now();
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    agent->shutdown();
+  });
+  auto reply = agent->handle(event(cni::Command::kAdd, "shop", "a", netns(1), "10.0.0.1"));
+  stopper.join();
+  EXPECT_EQ(reply.outcome, Outcome::kUnavailable);
+  EXPECT_EQ(reply.message, "the agent is stopping");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(5000));
+}
+
+TEST_F(NodeAgentTest, LabellingANamespaceEnrollsItsRunningPodsAndUnlabellingUnenrollsThem) {
+  auto agent = make_agent();
+  ViewBuilder unlabelled;
+  unlabelled.ns("shop").pod("shop", "c", kOptOut);
+  agent->update_labels(unlabelled.build());
+  for (auto [name, i, address] : {std::tuple{"a", 1, "10.0.0.1"}, std::tuple{"b", 2, "10.0.0.2"},
+                                  std::tuple{"c", 3, "10.0.0.3"}}) {
+    EXPECT_EQ(agent->handle(event(cni::Command::kAdd, "shop", name, netns(i), address)).outcome,
+              Outcome::kSkipped);
+  }
+  EXPECT_TRUE(enroller_.workload_map().empty());
+
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).pod("shop", "c", kOptOut).build());
+  EXPECT_TRUE(in_map("10.0.0.1"));
+  EXPECT_TRUE(in_map("10.0.0.2"));
+  EXPECT_FALSE(in_map("10.0.0.3")) << "the pod that opted out stays out";
+  EXPECT_TRUE(handed_over("uid-a"));
+  EXPECT_TRUE(handed_over("uid-b"));
+  EXPECT_FALSE(handed_over("uid-c"));
+
+  // The pod changes its mind: its own label now counts.
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).pod("shop", "c", {}).build());
+  EXPECT_TRUE(in_map("10.0.0.3"));
+
+  agent->update_labels(ViewBuilder().ns("shop").build());
+  EXPECT_TRUE(enroller_.workload_map().empty());
+  EXPECT_TRUE(handoff_->pods().empty());
+  for (const auto& [uid, record] : agent->pods()) EXPECT_FALSE(record.enrolled) << uid;
+}
+
+TEST_F(NodeAgentTest, ANewSandboxReplacesTheOldAndAStaleDelIsIgnored) {
+  auto agent = make_agent();
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
+  EXPECT_EQ(
+      agent->handle(event(cni::Command::kAdd, "shop", "a", netns(1), "10.0.0.1", "c1")).outcome,
+      Outcome::kEnrolled);
+  EXPECT_EQ(
+      agent->handle(event(cni::Command::kAdd, "shop", "a", netns(2), "10.0.0.9", "c2")).outcome,
+      Outcome::kEnrolled);
+  EXPECT_FALSE(in_map("10.0.0.1")) << "the old sandbox was unenrolled";
+  EXPECT_TRUE(in_map("10.0.0.9"));
+  auto stale = agent->handle(event(cni::Command::kDel, "shop", "a", netns(1), "", "c1"));
+  EXPECT_EQ(stale.outcome, Outcome::kRemoved);
+  EXPECT_TRUE(in_map("10.0.0.9")) << "a DEL of the old sandbox keeps the new one";
+  agent->handle(event(cni::Command::kDel, "shop", "a", netns(2), "", "c2"));
+  EXPECT_FALSE(in_map("10.0.0.9"));
+}
+
+TEST_F(NodeAgentTest, CheckRepairsAPodThatLostItsEnrollment) {
+  auto agent = make_agent();
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
+  auto add = event(cni::Command::kAdd, "shop", "a", netns(1), "10.0.0.1");
+  ASSERT_EQ(agent->handle(add).outcome, Outcome::kEnrolled);
+  auto check = add;
+  check.command = cni::Command::kCheck;
+  EXPECT_EQ(agent->handle(check).outcome, Outcome::kEnrolled);
+  EXPECT_TRUE(in_map("10.0.0.1"));
+}
+
+TEST_F(NodeAgentTest, AReplyThePluginNeverReadIsUndone) {
+  auto agent = make_agent();
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
+  auto add = event(cni::Command::kAdd, "shop", "a", netns(1), "10.0.0.1");
+  ASSERT_EQ(agent->handle(add).outcome, Outcome::kEnrolled);
+  agent->reply_lost(add);
+  EXPECT_FALSE(in_map("10.0.0.1"));
+  EXPECT_FALSE(handed_over("uid-a"));
+  EXPECT_TRUE(agent->pods().empty());
+}
+
+TEST_F(NodeAgentTest, SweepForgetsPodsWhoseNetnsVanished) {
+  auto agent = make_agent();
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
+  agent->handle(event(cni::Command::kAdd, "shop", "a", netns(1), "10.0.0.1"));
+  agent->handle(event(cni::Command::kAdd, "shop", "b", netns(2), "10.0.0.2"));
+  enroller_.remove_netns(netns(1));
+  agent->sweep();
+  EXPECT_FALSE(in_map("10.0.0.1"));
+  EXPECT_FALSE(handed_over("uid-a"));
+  EXPECT_TRUE(in_map("10.0.0.2"));
+  EXPECT_EQ(agent->pods().count("uid-a"), 0u);
+}
+
+TEST_F(NodeAgentTest, ARestartedAgentAdoptsWhatLivesAndCleansUpWhatDoesNot) {
+  {
+    auto agent = make_agent();
+    agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
+    agent->handle(event(cni::Command::kAdd, "shop", "a", netns(1), "10.0.0.1"));
+    agent->handle(event(cni::Command::kAdd, "shop", "b", netns(2), "10.0.0.2"));
+  }
+  // While the agent was away: pod b was deleted; someone enrolled u3 (netns 3 exists) and u4
+  // (its netns is gone) by hand, so the agent has no record of either.
+  enroller_.remove_netns(netns(2));
+  maps::WorkloadRecord r3;
+  r3.uid = "u3";
+  r3.namespace_name = "shop";
+  r3.service_account = "sa3";
+  r3.netns_cookie = 103;
+  enroller_.put_record(ip("10.0.0.3"), r3);
+  maps::WorkloadRecord r4 = r3;
+  r4.uid = "u4";
+  r4.netns_cookie = 999;
+  enroller_.put_record(ip("10.0.0.4"), r4);
+
+  log_.clear();
+  auto agent = make_agent();
+  auto pods = agent->pods();
+  ASSERT_EQ(pods.count("uid-a"), 1u);
+  EXPECT_TRUE(pods.at("uid-a").enrolled);
+  EXPECT_EQ(pods.at("uid-a").netns_path, netns(1));
+  EXPECT_EQ(pods.count("uid-b"), 0u);
+  ASSERT_EQ(pods.count("u3"), 1u);
+  EXPECT_EQ(pods.at("u3").netns_path, netns(3));
+  EXPECT_EQ(pods.at("u3").origin, PodOrigin::kAdopted);
+  EXPECT_EQ(pods.count("u4"), 0u);
+  EXPECT_TRUE(in_map("10.0.0.1"));
+  EXPECT_FALSE(in_map("10.0.0.2"));
+  EXPECT_TRUE(in_map("10.0.0.3"));
+  EXPECT_FALSE(in_map("10.0.0.4"));
+  // The proxy got exactly the pods that are enrolled.
+  EXPECT_EQ(log_.calls().back(), "sync u3,uid-a");
+
+  // Labels arrive: the adopted pod is decided like the others (its namespace is ambient).
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
+  EXPECT_TRUE(in_map("10.0.0.3"));
+  agent->update_labels(ViewBuilder().ns("shop").build());
+  EXPECT_TRUE(enroller_.workload_map().empty());
+}
+
+TEST_F(NodeAgentTest, PublishesNamespaceHintsForThePlugin) {
+  auto agent = make_agent();
+  agent->update_labels(
+      ViewBuilder().ns("shop", kAmbient).ns("plain").ns("kube-system", kAmbient).build());
+  auto text = read_file((dir_ / "hints.json").string());
+  ASSERT_TRUE(text) << text.error().message;
+  std::string error;
+  auto hints = cni::decode_namespace_hints(*text, &error);
+  ASSERT_TRUE(hints) << error;
+  EXPECT_EQ(hints->ambient, std::vector<std::string>{"shop"});
+  EXPECT_EQ(hints->other, std::vector<std::string>{"plain"});
+  EXPECT_EQ(hints->excluded, std::vector<std::string>{"kube-system"});
+}
+
+// A label source whose pods are this node's, and a finder that knows where one of them lives.
+class NodePodsSource : public LabelSource {
+ public:
+  std::string name() const override { return "test"; }
+  void start(Listener) override {}
+  void stop() override {}
+  bool lists_node_pods() const override { return true; }
+  std::optional<PodMeta> fetch_pod(const std::string& ns, const std::string& name) override {
+    if (name != "fetched") return std::nullopt;
+    PodMeta m;
+    m.uid = "uid-fetched";
+    m.name = name;
+    m.namespace_name = ns;
+    m.service_account = "fetched-sa";
+    m.labels = kAmbient;
+    return m;
+  }
+};
+
+class MapFinder : public PodNetnsFinder {
+ public:
+  std::map<std::string, std::string> where;
+  std::string find(const std::string& uid) override {
+    auto it = where.find(uid);
+    return it == where.end() ? "" : it->second;
+  }
+};
+
+TEST_F(NodeAgentTest, RunningPodsListedByTheApiAreFoundByTheirCgroupAndEnrolled) {
+  NodePodsSource source;
+  MapFinder finder;
+  finder.where["uid-old"] = netns(3);
+  auto handoff = std::make_unique<FakeHandoff>(&log_);
+  handoff_ = handoff.get();
+  NodeAgent agent(AgentOptions{}, &enroller_, std::move(handoff), &finder);
+  agent.set_label_source(&source);
+  ASSERT_TRUE(agent.start());
+  agent.update_labels(ViewBuilder()
+                          .ns("shop", kAmbient)
+                          .pod("shop", "old", {}, {ip("10.0.0.3")})
+                          .pod("shop", "elsewhere", {}, {ip("10.0.0.8")})
+                          .build());
+  EXPECT_TRUE(in_map("10.0.0.3"));
+  EXPECT_FALSE(in_map("10.0.0.8")) << "no process of that pod on this node";
+  EXPECT_EQ(agent.pods().at("uid-old").origin, PodOrigin::kDiscovered);
+
+  // A pod whose ADD comes before the watch reports it: asked for directly.
+  auto reply = agent.handle(event(cni::Command::kAdd, "plain", "fetched", netns(4), "10.0.0.4"));
+  EXPECT_EQ(reply.outcome, Outcome::kEnrolled) << reply.message;
+  EXPECT_EQ(handoff_->pods().at("uid-fetched").service_account, "fetched-sa");
+}
+
+TEST(PodRecords, SurviveAFileRoundTrip) {
+  std::string path = std::filesystem::temp_directory_path() /
+                     ("sockmesh-pods-" + std::to_string(getpid()) + ".json");
+  PodRecords pods;
+  PodRecord r;
+  r.uid = "u1";
+  r.name = "a";
+  r.namespace_name = "shop";
+  r.service_account = "sa";
+  r.container_id = "c1";
+  r.netns_path = "/var/run/netns/x";
+  r.ips = {ip("10.0.0.1"), ip("fd00::1")};
+  r.enrolled = true;
+  r.origin = PodOrigin::kDiscovered;
+  pods[r.uid] = r;
+  ASSERT_TRUE(save_pod_records(path, pods));
+  auto loaded = load_pod_records(path);
+  ASSERT_TRUE(loaded) << loaded.error().message;
+  EXPECT_EQ(*loaded, pods);
+  std::filesystem::remove(path);
+  auto missing = load_pod_records(path);
+  ASSERT_TRUE(missing);
+  EXPECT_TRUE(missing->empty());
+}
+
+}  // namespace
+}  // namespace sockmesh::agent

@@ -1,0 +1,333 @@
+#include "proxy/zds.h"
+
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "base/log.h"
+#include "proxy/proxy.h"
+
+namespace sockmesh::proxy {
+namespace {
+
+using maps::ListenerKind;
+using maps::UniqueFd;
+
+std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+struct ListenerSpec {
+  const char* role;  // Proxy::AdoptedListener::role
+  ListenerKind kind;
+  bool transparent;
+};
+
+// 15001 takes connections to any address (tc assigns them); 15006 too, to be safe with
+// addresses the pod holds but did not report; 15008 is an ordinary listener.
+constexpr ListenerSpec kListeners[] = {
+    {"outbound", ListenerKind::kOutbound, true},
+    {"inbound_plaintext", ListenerKind::kInboundPlain, true},
+    {"hbone", ListenerKind::kHbone, false},
+};
+
+struct NewListener {
+  const ListenerSpec* spec;
+  int family;
+  UniqueFd fd;
+};
+
+// socket + options + bind + listen, on the calling thread's current netns.
+std::optional<std::string> open_listener(const ListenerSpec& spec, int family, uint32_t mark,
+                                         UniqueFd* out) {
+  UniqueFd fd(socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) return errno_text(std::string("socket for ") + spec.role);
+  int one = 1;
+  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (family == AF_INET6 &&
+      setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one) != 0) {
+    return errno_text("IPV6_V6ONLY");
+  }
+  if (spec.transparent) {
+    int r = family == AF_INET ? setsockopt(fd.get(), SOL_IP, IP_TRANSPARENT, &one, sizeof one)
+                              : setsockopt(fd.get(), SOL_IPV6, IPV6_TRANSPARENT, &one, sizeof one);
+    if (r != 0) return errno_text("IP_TRANSPARENT (needs CAP_NET_ADMIN)");
+  }
+  if (mark != 0 && setsockopt(fd.get(), SOL_SOCKET, SO_MARK, &mark, sizeof mark) != 0) {
+    return errno_text("SO_MARK (needs CAP_NET_ADMIN)");
+  }
+  Endpoint at{family == AF_INET ? IpAddress::v4(0) : IpAddress(), maps::port_of(spec.kind)};
+  sockaddr_storage ss{};
+  socklen_t len = at.to_sockaddr(&ss);
+  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0) {
+    return errno_text("bind " + at.to_string() + " in the pod");
+  }
+  if (listen(fd.get(), 1024) != 0) return errno_text("listen " + at.to_string());
+  *out = std::move(fd);
+  return std::nullopt;
+}
+
+uint64_t cookie_of(int fd) {
+  uint64_t cookie = 0;
+  socklen_t len = sizeof cookie;
+  if (getsockopt(fd, SOL_SOCKET, SO_COOKIE, &cookie, &len) != 0) return 0;
+  return cookie;
+}
+
+std::string ips_text(const std::vector<IpAddress>& ips) {
+  std::string s;
+  for (const auto& ip : ips) s += (s.empty() ? "" : ",") + ip.to_string();
+  return s.empty() ? "(none)" : s;
+}
+
+}  // namespace
+
+ZdsServer::ZdsServer(Proxy& proxy, ZdsOptions options)
+    : proxy_(proxy),
+      options_(std::move(options)),
+      pods_gauge_(&proxy.context().metrics->gauge(
+          "sockmesh_zds_pods", "Pods handed over by the node agent whose listeners are open")) {}
+
+ZdsServer::~ZdsServer() { stop(); }
+
+std::optional<std::string> ZdsServer::start() {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (options_.socket_path.empty() || options_.socket_path.size() >= sizeof addr.sun_path) {
+    return "--zds-socket: a path of 1 to " + std::to_string(sizeof addr.sun_path - 1) +
+           " characters is needed";
+  }
+  std::memcpy(addr.sun_path, options_.socket_path.data(), options_.socket_path.size());
+  // A socket file left by an earlier proxy (crash, restart) would make bind() fail.
+  struct stat st {};
+  if (lstat(options_.socket_path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode))
+      return "--zds-socket " + options_.socket_path + " exists and is not a socket";
+    unlink(options_.socket_path.c_str());
+  }
+  listen_fd_.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!listen_fd_) return errno_text("ZDS socket");
+  if (bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    return errno_text("binding the ZDS socket " + options_.socket_path);
+  }
+  chmod(options_.socket_path.c_str(), 0600);  // netns handles are root's business
+  if (listen(listen_fd_.get(), 16) != 0) return errno_text("listen on " + options_.socket_path);
+  wake_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake_fd_) return errno_text("eventfd");
+  SM_INFO("zds") << "waiting for the node agent on " << options_.socket_path << " (pin root "
+                 << (options_.pin_root.empty() ? "none: listeners are not registered for tc"
+                                               : options_.pin_root)
+                 << ")";
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "sm-zds");
+    run();
+  });
+  return std::nullopt;
+}
+
+void ZdsServer::stop() {
+  if (!thread_.joinable()) return;
+  uint64_t one = 1;
+  (void)!write(wake_fd_.get(), &one, sizeof one);
+  thread_.join();
+  listen_fd_.reset();
+  unlink(options_.socket_path.c_str());
+}
+
+void ZdsServer::run() {
+  UniqueFd conn;
+  Session session;
+  while (true) {
+    pollfd fds[3] = {
+        {wake_fd_.get(), POLLIN, 0}, {listen_fd_.get(), POLLIN, 0}, {conn.get(), POLLIN, 0}};
+    int n = poll(fds, conn ? 3 : 2, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      SM_ERROR("zds") << errno_text("poll") << "; the node agent can no longer reach the proxy";
+      return;
+    }
+    if (fds[0].revents != 0) return;
+    if (fds[1].revents & POLLIN) {
+      UniqueFd accepted(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (accepted) {
+        // One agent per node: a new connection (an agent restart) replaces the old one.
+        if (conn) SM_INFO("zds") << "a new node agent connection replaces the previous one";
+        conn = std::move(accepted);
+        session = Session{};
+        if (auto err = zds::send_packet(conn.get(), zds::encode(zds::Hello{}))) {
+          SM_WARN("zds") << "hello to the node agent: " << *err;
+          conn.reset();
+        } else {
+          SM_INFO("zds") << "node agent connected; " << pods_.size()
+                         << " pod(s) held until its snapshot";
+        }
+      }
+      continue;
+    }
+    if (conn && fds[2].revents != 0) {
+      auto got = zds::receive_packet(conn.get(), 0);
+      if (got.status == zds::ReceiveStatus::kTimeout) continue;
+      if (got.status == zds::ReceiveStatus::kClosed) {
+        // Pods stay: a restarted agent reconnects and replays its snapshot.
+        SM_INFO("zds") << "node agent disconnected; keeping " << pods_.size() << " pod(s)";
+        conn.reset();
+        continue;
+      }
+      std::string reply;
+      if (got.status == zds::ReceiveStatus::kError) {
+        reply = "unreadable message: " + got.error;
+      } else {
+        std::string err;
+        auto request = zds::decode_request(got.packet.bytes, &err);
+        reply = request ? handle(*request, std::move(got.packet.fd), session) : err;
+      }
+      if (!reply.empty()) SM_WARN("zds") << "nack: " << reply;
+      if (auto err = zds::send_packet(conn.get(), zds::encode(zds::Ack{reply}))) {
+        SM_WARN("zds") << "ack to the node agent: " << *err;
+        conn.reset();
+      }
+    }
+  }
+}
+
+std::string ZdsServer::handle(const zds::Request& request, UniqueFd fd, Session& session) {
+  SM_DEBUG("zds") << "received " << zds::describe(request);
+  if (const auto* a = std::get_if<zds::AddWorkload>(&request)) {
+    if (!fd) return "add " + a->uid + " came without the pod's netns descriptor";
+    if (!session.snapshot_received) session.mentioned.insert(a->uid);
+    return add(*a, std::move(fd));
+  }
+  if (fd) return "unexpected descriptor with " + zds::describe(request);
+  if (const auto* k = std::get_if<zds::KeepWorkload>(&request)) {
+    if (session.snapshot_received) return "keep " + k->uid + " after snapshot_sent";
+    session.mentioned.insert(k->uid);
+    return "";
+  }
+  if (const auto* d = std::get_if<zds::DelWorkload>(&request)) {
+    if (!session.snapshot_received) session.mentioned.erase(d->uid);
+    remove(d->uid, "the node agent deleted it");
+    return "";
+  }
+  if (session.snapshot_received) return "snapshot_sent twice on one connection";
+  session.snapshot_received = true;
+  std::vector<std::string> gone;
+  for (const auto& [uid, _] : pods_) {
+    if (session.mentioned.count(uid) == 0) gone.push_back(uid);
+  }
+  for (const auto& uid : gone) remove(uid, "not in the node agent's snapshot");
+  SM_INFO("zds") << "snapshot received: " << pods_.size() << " pod(s)"
+                 << (gone.empty() ? "" : ", " + std::to_string(gone.size()) + " closed");
+  session.mentioned.clear();
+  return "";
+}
+
+std::optional<std::string> ZdsServer::listener_map(maps::ListenerMap** out) {
+  *out = nullptr;
+  if (options_.pin_root.empty()) return std::nullopt;
+  if (!listeners_map_) {
+    auto m = maps::ListenerMap::open(options_.pin_root);
+    if (!m) return "listener map: " + m.error().message;
+    listeners_map_.emplace(std::move(m).value());
+  }
+  *out = &*listeners_map_;
+  return std::nullopt;
+}
+
+std::string ZdsServer::add(const zds::AddWorkload& add, UniqueFd netns_fd) {
+  if (add.uid.empty()) return "add without a uid";
+  std::string err;
+  auto netns = net::Netns::adopt(netns_fd.release(), &err);
+  if (!netns) return "pod " + add.uid + ": " + err;
+
+  if (auto it = pods_.find(add.uid); it != pods_.end()) {
+    if (it->second.netns->same_as(*netns) && it->second.info.ips == add.ips) {
+      it->second.info = add;
+      return "";  // already serving it
+    }
+    remove(add.uid,
+           it->second.netns->same_as(*netns) ? "its IPs changed" : "its sandbox has a new netns");
+  }
+
+  // Families the pod has addresses in (IPv4 alone when it reported none).
+  bool v4 = add.ips.empty(), v6 = false;
+  for (const auto& ip : add.ips) (ip.is_v4() ? v4 : v6) = true;
+
+  uint32_t mark = proxy_.context().config.mark;
+  std::vector<NewListener> created;
+  std::optional<std::string> failure;
+  auto entered = net::run_in(netns.get(), [&] {
+    for (int family : {AF_INET, AF_INET6}) {
+      if ((family == AF_INET && !v4) || (family == AF_INET6 && !v6)) continue;
+      for (const auto& spec : kListeners) {
+        UniqueFd fd;
+        if (auto e = open_listener(spec, family, mark, &fd)) {
+          failure = e;
+          return;
+        }
+        created.push_back(NewListener{&spec, family, std::move(fd)});
+      }
+    }
+  });
+  if (entered) return "pod " + add.uid + ": " + *entered;
+  if (failure) return "pod " + add.uid + ": " + *failure;
+
+  Pod pod{add, netns, {}};
+  maps::ListenerMap* map = nullptr;
+  if (auto e = listener_map(&map)) return "pod " + add.uid + ": " + *e;
+  if (map != nullptr) {
+    for (const auto& ip : add.ips) {
+      for (const auto& l : created) {
+        if ((l.family == AF_INET) != ip.is_v4()) continue;
+        if (auto s = map->add(ip, l.spec->kind, l.fd.get()); !s) {
+          // The sockets close below, which takes their entries out of the map.
+          return "pod " + add.uid + ": " + s.error().message;
+        }
+        pod.registered.push_back({ip, l.spec->kind, cookie_of(l.fd.get())});
+      }
+    }
+  }
+
+  auto& ctx = proxy_.context();
+  for (const auto& ip : add.ips) ctx.pod_netns.set(ip, netns);
+  std::vector<Proxy::AdoptedListener> adopted;
+  for (auto& l : created) adopted.push_back({l.spec->role, l.fd.release()});
+  if (auto e = proxy_.adopt_listeners(add.uid, std::move(adopted))) {
+    for (const auto& ip : add.ips) ctx.pod_netns.erase(ip, netns.get());
+    return *e;
+  }
+  SM_INFO("zds") << "pod " << add.uid << " (" << add.info.namespace_name << "/" << add.info.name
+                 << ", sa " << add.info.service_account << ") in " << netns->to_string()
+                 << ": listeners open on 15001, 15006, 15008; "
+                 << (map != nullptr ? "registered for " + ips_text(add.ips) : "not registered");
+  pods_[add.uid] = std::move(pod);
+  pod_count_ = pods_.size();
+  pods_gauge_->set(static_cast<int64_t>(pods_.size()));
+  return "";
+}
+
+void ZdsServer::remove(const std::string& uid, const std::string& why) {
+  auto it = pods_.find(uid);
+  if (it == pods_.end()) return;
+  Pod& pod = it->second;
+  // Closing the sockets empties their slots too; removing first leaves no window in which tc
+  // assigns a SYN to a closing listener. A slot that holds another socket by now is left alone.
+  maps::ListenerMap* map = nullptr;
+  if (!listener_map(&map) && map != nullptr) {
+    for (const auto& r : pod.registered) {
+      if (map->socket_cookie(r.ip, r.kind) == r.cookie) (void)map->remove(r.ip, r.kind);
+    }
+  }
+  for (const auto& ip : pod.info.ips) proxy_.context().pod_netns.erase(ip, pod.netns.get());
+  proxy_.release_listeners(uid);
+  SM_INFO("zds") << "pod " << uid << " closed: " << why;
+  pods_.erase(it);
+  pod_count_ = pods_.size();
+  pods_gauge_->set(static_cast<int64_t>(pods_.size()));
+}
+
+}  // namespace sockmesh::proxy

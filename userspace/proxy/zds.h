@@ -1,0 +1,87 @@
+#pragma once
+// In-pod mode: the node agent hands each enrolled pod to the proxy over a Unix SOCK_SEQPACKET
+// socket (ZDS, see loader/agent/zds_protocol.h), with the pod's network namespace attached. For
+// each pod the proxy opens its listeners inside that netns (15001 and 15006 transparent, 15008),
+// serves them like its own, and registers them in the pinned listener map under every pod IP so
+// that tc hands captured SYNs to them. del closes them; snapshot_sent closes every pod the agent
+// did not mention since it connected. Each message is acked once it took effect, or with an error.
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loader/agent/zds_protocol.h"
+#include "loader/maps/listener_map.h"
+#include "loader/maps/unique_fd.h"
+#include "net/netns.h"
+
+namespace sockmesh::observe {
+class Gauge;
+}
+
+namespace sockmesh::proxy {
+
+class Proxy;
+
+struct ZdsOptions {
+  std::string socket_path;  // --zds-socket
+  std::string pin_root;     // --bpf-pin-root; empty: do not register listeners for tc
+};
+
+class ZdsServer {
+ public:
+  ZdsServer(Proxy& proxy, ZdsOptions options);
+  ~ZdsServer();
+  ZdsServer(const ZdsServer&) = delete;
+  ZdsServer& operator=(const ZdsServer&) = delete;
+
+  // Binds the socket (replacing a stale socket file) and starts serving on a thread of its own,
+  // which is also the thread that enters pods' namespaces to create their listeners.
+  std::optional<std::string> start();
+  // Stops serving and removes the socket file. Pods' listeners stay with the proxy (its drain
+  // closes them). Call before the proxy drains: adoption needs the proxy's control thread.
+  void stop();
+
+  size_t pods() const { return pod_count_.load(); }
+
+ private:
+  struct Registration {
+    IpAddress ip;
+    maps::ListenerKind kind;
+    uint64_t cookie;
+  };
+  struct Pod {
+    zds::AddWorkload info;
+    std::shared_ptr<const net::Netns> netns;
+    std::vector<Registration> registered;
+  };
+  // What one agent connection has said so far.
+  struct Session {
+    bool snapshot_received = false;
+    std::set<std::string> mentioned;  // added or kept before snapshot_sent
+  };
+
+  void run();
+  void serve_packet(int conn, Session& session);
+  std::string handle(const zds::Request& request, maps::UniqueFd fd, Session& session);
+  std::string add(const zds::AddWorkload& add, maps::UniqueFd netns_fd);
+  void remove(const std::string& uid, const std::string& why);
+  std::optional<std::string> listener_map(maps::ListenerMap** out);
+
+  Proxy& proxy_;
+  const ZdsOptions options_;
+  maps::UniqueFd listen_fd_;
+  maps::UniqueFd wake_fd_;  // eventfd: stop()
+  std::thread thread_;
+  std::map<std::string, Pod> pods_;  // by uid; the ZDS thread's alone
+  std::optional<maps::ListenerMap> listeners_map_;
+  std::atomic<size_t> pod_count_{0};
+  observe::Gauge* pods_gauge_;
+};
+
+}  // namespace sockmesh::proxy
