@@ -17,6 +17,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -405,17 +406,31 @@ TEST_F(ChainTest, AnAgentThatDoesNotAnswerInTimeFailsAddAndItsLateWorkIsUndone) 
 // `sockmesh-loader run` itself: a child process, killed on the way out whatever happens.
 class AgentProcess {
  public:
-  AgentProcess(const std::string& pin_root, const fs::path& run_dir, const fs::path& config) {
+  AgentProcess(const std::string& pin_root, const fs::path& run_dir, const fs::path& config,
+               const std::vector<std::string>& extra = {}) {
     std::string log_path = (run_dir / "agent.log").string();
+    std::vector<std::string> argv = {build_dir() + "/loader/sockmesh-loader",
+                                     "--pin-root",
+                                     pin_root,
+                                     "run",
+                                     "--no-install",
+                                     "--run-dir",
+                                     run_dir.string(),
+                                     "--labels-from",
+                                     "config",
+                                     "--config",
+                                     config.string()};
+    argv.insert(argv.end(), extra.begin(), extra.end());
     pid_ = fork();
     if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a crashed test
       int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
       dup2(fd, 1);
       dup2(fd, 2);
-      std::string binary = build_dir() + "/loader/sockmesh-loader";
-      execl(binary.c_str(), binary.c_str(), "--pin-root", pin_root.c_str(), "run", "--no-install",
-            "--run-dir", run_dir.c_str(), "--labels-from", "config", "--config", config.c_str(),
-            nullptr);
+      std::vector<char*> cargv;
+      for (auto& a : argv) cargv.push_back(a.data());
+      cargv.push_back(nullptr);
+      execv(cargv[0], cargv.data());
       _exit(127);
     }
     socket_ = (run_dir / "cni.sock").string();
@@ -584,6 +599,7 @@ TEST_F(ChainTest, WithTheRealProxyTheEnrolledPodGetsItsListenersAndLosesThemOnDe
   std::string status = testing::must_run(
       {build_dir() + "/loader/sockmesh-loader", "--pin-root", install_.root(), "status"});
   EXPECT_NE(status.find(address.to_string() + "  outbound"), std::string::npos) << status;
+  std::cout << status.substr(status.find("workloads (")).substr(0, 600) << "\n";
 
   ChainRun del = cni.del(pod.ref);
   ASSERT_TRUE(del.ok()) << del.describe();
