@@ -1,75 +1,12 @@
 #pragma once
-// Errors as values. Identity operations fail for ordinary reasons (a peer presents a bad
-// certificate, a mounted file is half-written) that callers must handle on the hot path, so
-// they are returned rather than thrown.
-#include <cassert>
-#include <string>
-#include <type_traits>
-#include <utility>
-#include <variant>
+// The identity module's results: the project's Result (base/result.h) with a message-only Error.
+#include "base/result.h"
 
 namespace sockmesh::identity {
 
-struct Error {
-  std::string message;
-};
-
-// A value or an error. E is Error unless a caller needs to branch on a reason code.
+using sockmesh::Error;
 template <typename T, typename E = Error>
-class [[nodiscard]] Result {
- public:
-  Result(T value) : v_(std::in_place_index<0>, std::move(value)) {}  // NOLINT: implicit by design
-  Result(E error) : v_(std::in_place_index<1>, std::move(error)) {}  // NOLINT: implicit by design
-
-  bool ok() const { return v_.index() == 0; }
-  explicit operator bool() const { return ok(); }
-
-  T& value() & {
-    assert(ok());
-    return std::get<0>(v_);
-  }
-  const T& value() const& {
-    assert(ok());
-    return std::get<0>(v_);
-  }
-  T&& value() && {
-    assert(ok());
-    return std::get<0>(std::move(v_));
-  }
-  T* operator->() { return &value(); }
-  const T* operator->() const { return &value(); }
-  T& operator*() & { return value(); }
-  const T& operator*() const& { return value(); }
-  T&& operator*() && { return std::move(*this).value(); }
-
-  const E& error() const {
-    assert(!ok());
-    return std::get<1>(v_);
-  }
-
- private:
-  std::variant<T, E> v_;
-};
-
-// Success without a value.
-template <typename E>
-class [[nodiscard]] Result<void, E> {
- public:
-  Result() = default;
-  Result(E error) : error_(std::move(error)), failed_(true) {}  // NOLINT: implicit by design
-
-  bool ok() const { return !failed_; }
-  explicit operator bool() const { return ok(); }
-  const E& error() const {
-    assert(failed_);
-    return error_;
-  }
-
- private:
-  E error_{};
-  bool failed_ = false;
-};
-
+using Result = sockmesh::Result<T, E>;
 using Status = Result<void>;
 
 }  // namespace sockmesh::identity
