@@ -128,8 +128,8 @@ int main(int argc, char** argv) {
     }
   }
 
-  app::AdminSources sources{&proxy, &store, &certificates, &metrics, cfg.node_name,
-                            config_source};
+  app::AdminSources sources{&proxy,         &store,        &certificates,   &metrics,
+                            cfg.node_name, config_source, cfg.bpf_pin_root};
   std::vector<std::unique_ptr<observe::HttpServer>> servers;
   std::optional<std::string> admin_err;
   std::promise<void> admin_up;

@@ -444,6 +444,10 @@ TEST_F(ZdsEndToEnd, OutboundToAServerOutsideIsCapturedAndPassedThrough) {
   uint64_t captured = counter(SM_CNT_CAPTURED_OUTBOUND);
   app_in_a_talks_to(Endpoint{kServer, kServerPort}, size_t{1} << 20, 1);
   EXPECT_EQ(counter(SM_CNT_CAPTURED_OUTBOUND), captured + 1) << "tc gave the SYN to 15001 in pod A";
+  // The proxy exports the datapath's counters with its own metrics.
+  std::string exported =
+      "sockmesh_datapath_captured_outbound_total " + std::to_string(captured + 1) + "\n";
+  EXPECT_NE(metrics().find(exported), std::string::npos) << metrics();
   auto served = server.connections();
   ASSERT_EQ(served.size(), 1u);
   EXPECT_EQ(served[0].first.ip, kPodA) << "the proxy dialled from pod A, keeping its address";

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/log.h"
+#include "loader/maps/counters.h"
 
 namespace sockmesh::app {
 namespace {
@@ -178,10 +179,27 @@ void add_admin_routes(observe::HttpServer& server, const AdminSources& s) {
   });
 }
 
+std::string datapath_metrics(const std::string& pin_root) {
+  if (pin_root.empty()) return "";
+  auto reader = maps::CounterReader::open(pin_root);
+  if (!reader) return "";
+  auto values = reader->read();
+  if (!values) return "";
+  std::string out;
+  for (int i = 0; i < SM_CNT_COUNT; ++i) {
+    auto c = static_cast<sm_counter>(i);
+    std::string name = "sockmesh_datapath_" + std::string(maps::counter_name(c)) + "_total";
+    out += "# HELP " + name + " " + std::string(maps::counter_help(c)) + "\n";
+    out += "# TYPE " + name + " counter\n";
+    out += name + " " + std::to_string((*values)[i]) + "\n";
+  }
+  return out;
+}
+
 void add_metrics_routes(observe::HttpServer& server, const AdminSources& s) {
   auto handler = [s](const observe::HttpRequest&) {
     return observe::HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8",
-                                 s.metrics->render()};
+                                 s.metrics->render() + datapath_metrics(s.bpf_pin_root)};
   };
   server.route("/metrics", handler);
   server.route("/stats/prometheus", handler);

@@ -20,7 +20,12 @@ struct AdminSources {
   observe::Registry* metrics = nullptr;
   std::string node_name;
   std::string config_source;  // file path or "embedded default"
+  std::string bpf_pin_root;   // datapath counters are exported from here when pinned
 };
+
+// The kernel datapath's per-CPU counters (summed) in Prometheus text, or "" when the maps are not
+// pinned under `pin_root` (no datapath on this node).
+std::string datapath_metrics(const std::string& pin_root);
 
 // JSON of workloads, services, policies and certificates (with expiry), as /config_dump serves.
 std::string config_dump_json(const AdminSources& s);
