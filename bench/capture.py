@@ -35,6 +35,12 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import (BenchError, log, run_bench, set_log_prefix, tail,  # noqa: E402
+                      wait_until, yes)
+
+set_log_prefix("capture")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
 
@@ -49,15 +55,6 @@ SERVER_PORT = 9000
 NODE_NAME = "capnode"
 
 
-def log(msg):
-    sys.stderr.write("[capture %s] %s\n" % (time.strftime("%H:%M:%S"), msg))
-    sys.stderr.flush()
-
-
-class BenchError(Exception):
-    pass
-
-
 def run(argv, timeout=60, check=True):
     try:
         r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -68,27 +65,6 @@ def run(argv, timeout=60, check=True):
     if check and r.returncode != 0:
         raise BenchError("%s failed (%d): %s" % (" ".join(argv), r.returncode, out.strip()))
     return out
-
-
-def wait_until(pred, timeout, what):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        try:
-            if pred():
-                return
-        except Exception as e:  # noqa: BLE001 - retried until the deadline
-            last = e
-        time.sleep(0.05)
-    raise BenchError("timed out waiting for %s (last: %r)" % (what, last))
-
-
-def tail(path, n=3000):
-    try:
-        with open(path, "rb") as f:
-            return f.read().decode(errors="replace")[-n:]
-    except OSError:
-        return ""
 
 
 def cgroup2_mount():
@@ -614,10 +590,6 @@ class CaptureBench:
         return self.report(res, before, after)
 
 
-def yes(b):
-    return "**yes**" if b else "**no**"
-
-
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -647,38 +619,7 @@ def main(argv):
         log("needs root (network namespaces, tc, BPF, cgroups, iptables)")
         return 1
 
-    def on_term(signum, _frame):
-        raise KeyboardInterrupt("signal %d" % signum)
-    signal.signal(signal.SIGINT, on_term)
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGHUP, on_term)
-
-    bench = None
-    t0 = time.time()
-    try:
-        bench = CaptureBench(o)
-        text, summary = bench.run()
-    except KeyboardInterrupt:
-        log("interrupted; removing everything")
-        return 130
-    except BenchError as e:
-        log("FAILED: %s" % e)
-        return 1
-    finally:
-        if bench is not None:
-            # Cleanup must finish even if a second signal arrives.
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                signal.signal(sig, signal.SIG_IGN)
-            bench.cleanup()
-    text += "\n(capture benchmark took %.0f s)\n" % (time.time() - t0)
-    os.makedirs(os.path.dirname(o.out), exist_ok=True)
-    with open(o.out, "w") as f:
-        f.write(text)
-    with open(os.path.splitext(o.out)[0] + ".json", "w") as f:
-        json.dump(summary, f, indent=1)
-    sys.stdout.write(text)
-    log("written to %s" % o.out)
-    return 0
+    return run_bench(lambda: CaptureBench(o), o.out, "capture benchmark")
 
 
 if __name__ == "__main__":

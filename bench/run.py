@@ -29,6 +29,12 @@ import tempfile
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import (BenchError, log, run_bench, set_log_prefix, tail,  # noqa: E402
+                      wait_until, yes)
+
+set_log_prefix("bench")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GiB = 1 << 30
 MiB = 1 << 20
@@ -44,15 +50,6 @@ H2_STREAM_WINDOW = 4 * MiB
 H2_CONNECTION_WINDOW = 16 * MiB
 # One AEAD everywhere: sockmesh prefers AES-128-GCM; the peers are told to use it too.
 TLS13_CIPHER = "TLS_AES_128_GCM_SHA256"
-
-
-def log(msg):
-    sys.stderr.write("[bench %s] %s\n" % (time.strftime("%H:%M:%S"), msg))
-    sys.stderr.flush()
-
-
-class BenchError(Exception):
-    pass
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,27 +100,6 @@ class Processes:
         for _, p in reversed(self.procs):
             self.stop(p)
         self.procs = []
-
-
-def tail(path, n=3000):
-    try:
-        with open(path, "rb") as f:
-            return f.read().decode(errors="replace")[-n:]
-    except OSError:
-        return ""
-
-
-def wait_until(pred, timeout, what):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        try:
-            if pred():
-                return
-        except Exception as e:  # noqa: BLE001 - retried until the deadline
-            last = e
-        time.sleep(0.05)
-    raise BenchError("timed out waiting for %s (last: %r)" % (what, last))
 
 
 def port_open(ip, port):
@@ -640,10 +616,6 @@ def times(x):
     return "%.2f×" % x
 
 
-def yes(b):
-    return "**yes**" if b else "**no**"
-
-
 def cpu_model():
     try:
         with open("/proc/cpuinfo") as f:
@@ -695,36 +667,7 @@ def main(argv):
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
-    def on_term(signum, _frame):
-        raise KeyboardInterrupt("signal %d" % signum)
-    # SIGINT too: a shell that starts us in the background leaves SIGINT ignored.
-    signal.signal(signal.SIGINT, on_term)
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGHUP, on_term)
-
-    bench = None
-    t0 = time.time()
-    try:
-        bench = Bench(o)
-        text, raw = bench.run()
-    except KeyboardInterrupt:
-        log("interrupted; stopping everything")
-        return 130
-    except BenchError as e:
-        log("FAILED: %s" % e)
-        return 1
-    finally:
-        if bench is not None:
-            bench.cleanup()
-    text += "\n(benchmark took %.0f s)\n" % (time.time() - t0)
-    os.makedirs(os.path.dirname(o.out), exist_ok=True)
-    with open(o.out, "w") as f:
-        f.write(text)
-    with open(os.path.splitext(o.out)[0] + ".json", "w") as f:
-        json.dump(raw, f, indent=1)
-    sys.stdout.write(text)
-    log("written to %s" % o.out)
-    return 0
+    return run_bench(lambda: Bench(o), o.out, "benchmark")
 
 
 if __name__ == "__main__":

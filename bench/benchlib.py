@@ -1,0 +1,84 @@
+"""What the benchmark drivers (run.py, capture.py) share: logging, waiting, and the main loop
+that turns signals into a clean stop and writes the table."""
+import json
+import os
+import signal
+import sys
+import time
+
+_prefix = ["bench"]
+
+
+def set_log_prefix(prefix):
+    _prefix[0] = prefix
+
+
+def log(msg):
+    sys.stderr.write("[%s %s] %s\n" % (_prefix[0], time.strftime("%H:%M:%S"), msg))
+    sys.stderr.flush()
+
+
+class BenchError(Exception):
+    pass
+
+
+def wait_until(pred, timeout, what):
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        try:
+            if pred():
+                return
+        except Exception as e:  # noqa: BLE001 - retried until the deadline
+            last = e
+        time.sleep(0.05)
+    raise BenchError("timed out waiting for %s (last: %r)" % (what, last))
+
+
+def tail(path, n=3000):
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+def yes(b):
+    return "**yes**" if b else "**no**"
+
+
+def run_bench(make_bench, out_path, what):
+    """Runs make_bench().run() -> (markdown, raw); cleans up on every exit, signals included;
+    writes out_path (and its .json twin) and prints the table. Returns the exit code."""
+    def on_term(signum, _frame):
+        raise KeyboardInterrupt("signal %d" % signum)
+    # SIGINT too: a shell that starts us in the background leaves SIGINT ignored.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_term)
+
+    bench = None
+    t0 = time.time()
+    try:
+        bench = make_bench()
+        text, raw = bench.run()
+    except KeyboardInterrupt:
+        log("interrupted; stopping and removing everything")
+        return 130
+    except BenchError as e:
+        log("FAILED: %s" % e)
+        return 1
+    finally:
+        if bench is not None:
+            # Cleanup must finish even if a second signal arrives.
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_IGN)
+            bench.cleanup()
+    text += "\n(%s took %.0f s)\n" % (what, time.time() - t0)
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    with open(out_path, "w") as f:
+        f.write(text)
+    with open(os.path.splitext(out_path)[0] + ".json", "w") as f:
+        json.dump(raw, f, indent=1)
+    sys.stdout.write(text)
+    log("written to %s" % out_path)
+    return 0
