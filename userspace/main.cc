@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
   }
 
   app::AdminSources sources{&proxy,         &store,        &certificates,   &metrics,
-                            cfg.node_name, config_source, cfg.bpf_pin_root};
+                            cfg.node_name, config_source, cfg.bpf_pin_root, zds.get()};
   std::vector<std::unique_ptr<observe::HttpServer>> servers;
   std::optional<std::string> admin_err;
   std::promise<void> admin_up;

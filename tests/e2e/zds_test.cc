@@ -333,9 +333,18 @@ class ZdsEndToEnd : public ::testing::Test {
     ASSERT_TRUE(eventually([&] { return access(zds_socket_.c_str(), F_OK) == 0; }))
         << "the proxy did not open " << zds_socket_ << "\n"
         << proxy_->log();
+    const Endpoint readiness{*IpAddress::parse("127.0.0.1"), 15021};
+    // Until the node agent's first snapshot the proxy does not know its pods: not ready.
+    ASSERT_TRUE(eventually([&] {
+      return http_get(node_.ns().path(), readiness, "/healthz/ready").find("first snapshot") !=
+             std::string::npos;
+    })) << http_get(node_.ns().path(), readiness, "/healthz/ready");
     auto s = client_->sync({pod_workload(*pod_a_, {kPodA, kPodA6}, "uid-a", "a", "ns-a", "sa-a"),
                             pod_workload(*pod_b_, {kPodB, kPodB6}, "uid-b", "b", "ns-b", "sa-b")});
     ASSERT_TRUE(s) << s.error().message << "\n" << proxy_->log();
+    EXPECT_TRUE(eventually([&] {
+      return http_get(node_.ns().path(), readiness, "/healthz/ready") == "ready\n";
+    })) << http_get(node_.ns().path(), readiness, "/healthz/ready");
   }
 
   void TearDown() override {

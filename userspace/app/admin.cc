@@ -207,9 +207,15 @@ void add_metrics_routes(observe::HttpServer& server, const AdminSources& s) {
 
 void add_readiness_routes(observe::HttpServer& server, const AdminSources& s) {
   server.route("/healthz/ready", [s](const observe::HttpRequest&) {
-    bool ready = s.proxy != nullptr && s.proxy->ready();
-    return observe::HttpResponse{ready ? 200 : 503, "text/plain; charset=utf-8",
-                                 ready ? "ready\n" : "not ready\n"};
+    if (s.proxy == nullptr || !s.proxy->ready()) {
+      return observe::HttpResponse{503, "text/plain; charset=utf-8",
+                                   "not ready: listeners not open, or draining\n"};
+    }
+    if (s.zds != nullptr && !s.zds->synced()) {
+      return observe::HttpResponse{503, "text/plain; charset=utf-8",
+                                   "not ready: waiting for the node agent's first snapshot (ZDS)\n"};
+    }
+    return observe::HttpResponse{200, "text/plain; charset=utf-8", "ready\n"};
   });
 }
 

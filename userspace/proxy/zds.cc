@@ -215,6 +215,7 @@ std::string ZdsServer::handle(const zds::Request& request, UniqueFd fd, Session&
   }
   if (session.snapshot_received) return "snapshot_sent twice on one connection";
   session.snapshot_received = true;
+  synced_ = true;
   std::vector<std::string> gone;
   for (const auto& [uid, _] : pods_) {
     if (session.mentioned.count(uid) == 0) gone.push_back(uid);

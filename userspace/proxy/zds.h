@@ -48,6 +48,9 @@ class ZdsServer {
   void stop();
 
   size_t pods() const { return pod_count_.load(); }
+  // True once a node agent has sent its first full snapshot: until then the proxy does not know
+  // which pods it must serve, so it is not ready (as ztunnel).
+  bool synced() const { return synced_.load(); }
 
  private:
   struct Registration {
@@ -78,6 +81,7 @@ class ZdsServer {
   maps::UniqueFd listen_fd_;
   maps::UniqueFd wake_fd_;  // eventfd: stop()
   std::thread thread_;
+  std::atomic<bool> synced_{false};
   std::map<std::string, Pod> pods_;  // by uid; the ZDS thread's alone
   std::optional<maps::ListenerMap> listeners_map_;
   std::atomic<size_t> pod_count_{0};
