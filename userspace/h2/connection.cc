@@ -142,7 +142,6 @@ void H2Stream::respond(int status, const HeaderList& extra) {
     nghttp2_data_provider provider{};
     provider.source.ptr = this;
     provider.read_callback = data_source_read;
-    data_provider_attached_ = true;
     nghttp2_submit_response(session, id_, nva.data(), nva.size(), &provider);
   } else {
     refused_ = true;
@@ -289,7 +288,6 @@ std::shared_ptr<H2Stream> H2Connection::open_connect(const std::string& authorit
     return nullptr;
   }
   stream->id_ = id;
-  stream->data_provider_attached_ = true;
   streams_.emplace(id, stream);
   schedule_write();
   return stream;

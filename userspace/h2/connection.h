@@ -126,7 +126,6 @@ class H2Stream : public std::enable_shared_from_this<H2Stream> {
   size_t queued_bytes_ = 0;
   bool finish_requested_ = false;
   bool data_deferred_ = false;
-  bool data_provider_attached_ = false;
   bool want_writable_ = false;
   bool reset_after_response_ = false;
   bool closed_ = false;

@@ -1,5 +1,7 @@
 #include "policy/authorize.h"
 
+#include "identity/spiffe.h"
+
 #include <algorithm>
 
 #include "base/log.h"
@@ -71,35 +73,12 @@ Verdict decide(bool allowed, const state::Policy* policy, std::string_view reaso
 
 }  // namespace
 
-std::optional<SpiffeId> parse_spiffe_id(std::string_view uri) {
-  if (!uri.starts_with(kSpiffeScheme)) {
-    return std::nullopt;
-  }
-  uri.remove_prefix(kSpiffeScheme.size());
-  // td/ns/<ns>/sa/<sa>: exactly five non-empty segments.
-  std::string_view parts[5];
-  for (int i = 0; i < 5; ++i) {
-    auto slash = uri.find('/');
-    if ((slash == std::string_view::npos) != (i == 4)) {
-      return std::nullopt;
-    }
-    parts[i] = uri.substr(0, slash);
-    if (parts[i].empty()) {
-      return std::nullopt;
-    }
-    uri = slash == std::string_view::npos ? std::string_view() : uri.substr(slash + 1);
-  }
-  if (parts[1] != "ns" || parts[3] != "sa") {
-    return std::nullopt;
-  }
-  return SpiffeId{std::string(parts[0]), std::string(parts[2]), std::string(parts[4])};
-}
-
 ConnectionFacts ConnectionFacts::make(const IpAddress& source_ip, std::string source_principal,
                                       const IpAddress& destination_ip, uint16_t destination_port) {
   ConnectionFacts f;
   f.source_ip = source_ip;
-  if (auto id = parse_spiffe_id(source_principal)) {
+  // The principal's parts come from the one SPIFFE parser the TLS layer also uses.
+  if (auto id = identity::SpiffeId::parse(source_principal)) {
     f.source_namespace = std::move(id->namespace_name);
     f.source_service_account = std::move(id->service_account);
   }

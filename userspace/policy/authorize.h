@@ -51,16 +51,6 @@
 
 namespace sockmesh::policy {
 
-// The parts of spiffe://<trust domain>/ns/<namespace>/sa/<service account>.
-struct SpiffeId {
-  std::string trust_domain;
-  std::string namespace_name;
-  std::string service_account;
-};
-
-// Parses a Kubernetes-style SPIFFE ID; nullopt for anything else (including an empty string).
-std::optional<SpiffeId> parse_spiffe_id(std::string_view uri);
-
 // What the proxy knows about a connection when it authorizes it.
 struct ConnectionFacts {
   IpAddress source_ip;

@@ -1,5 +1,7 @@
 #include "policy/authorize.h"
 
+#include "identity/spiffe.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
@@ -242,10 +244,10 @@ TEST(ConnectionFacts, DerivesNamespaceAndServiceAccount) {
   for (const char* bad : {"spiffe://td/ns/a", "spiffe://td/ns/a/sa/", "spiffe://td/ns//sa/x",
                           "spiffe:///ns/a/sa/x", "spiffe://td/ns/a/sa/x/y", "spiffe://td/xx/a/sa/x",
                           "td/ns/a/sa/x", "https://td/ns/a/sa/x"}) {
-    EXPECT_FALSE(parse_spiffe_id(bad)) << bad;
+    EXPECT_FALSE(identity::SpiffeId::parse(bad)) << bad;
     EXPECT_EQ(conn(bad).source_service_account, "") << bad;
   }
-  auto id = parse_spiffe_id("spiffe://cluster.local/ns/a/sa/alice");
+  auto id = identity::SpiffeId::parse("spiffe://cluster.local/ns/a/sa/alice");
   ASSERT_TRUE(id);
   EXPECT_EQ(id->trust_domain, "cluster.local");
 }
