@@ -63,6 +63,21 @@ void LocalConfigLabels::start(Listener listener) {
   if (watcher_) watcher_->start();
 }
 
+std::optional<PodMeta> LocalConfigLabels::fetch_pod(const std::string& namespace_name,
+                                                    const std::string& name) {
+  if (watcher_) {
+    if (auto error = watcher_->reload()) {
+      SM_WARN("agent") << "re-reading " << path_ << " for pod " << namespace_name << "/" << name
+                       << ": " << error->to_string();
+    }
+  }
+  auto current = store_.get();
+  if (!current) return std::nullopt;
+  auto view = view_of(*current);
+  if (const PodMeta* meta = view->pod(namespace_name, name)) return *meta;
+  return std::nullopt;
+}
+
 void LocalConfigLabels::stop() {
   if (watcher_) watcher_->stop();
   std::lock_guard lock(mu_);

@@ -30,6 +30,10 @@ class LocalConfigLabels final : public LabelSource {
   std::string name() const override { return "local-config"; }
   void start(Listener listener) override;
   void stop() override;
+  // A pod the agent's current view lacks (its CNI ADD came before the file's next poll): the
+  // file is read again now, and the pod looked up in it.
+  std::optional<PodMeta> fetch_pod(const std::string& namespace_name,
+                                   const std::string& name) override;
 
  private:
   const std::string path_;

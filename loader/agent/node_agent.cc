@@ -389,6 +389,19 @@ void NodeAgent::reconcile_locked() {
       record.name = meta->name;
     }
     Decision decision = decide_locked(record, meta);
+    if (record.enrolled && decision.enroll && meta != nullptr && !meta->service_account.empty() &&
+        meta->service_account != record.service_account) {
+      // The identity in the workload record follows the pod's service account (learnt late when
+      // the first view lacked the pod).
+      SM_INFO("agent") << "pod " << record.who() << ": service account " << record.service_account
+                       << " -> " << meta->service_account << "; updating its workload record";
+      record.service_account = meta->service_account;
+      if (auto s = enroller_->enroll(record, options_.trust_domain); !s) {
+        SM_WARN("agent") << "updating the workload record of " << record.who() << ": "
+                         << s.error().message;
+      }
+      continue;
+    }
     if (decision.enroll == record.enrolled) continue;
     if (!enroller_->netns_exists(record.netns_path)) continue;  // sweep() takes it
     if (decision.enroll) {

@@ -7,11 +7,13 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <thread>
 
 #include "base/log.h"
 #include "loader/agent/files.h"
+#include "loader/agent/local_config_labels.h"
 #include "testing/fakes.h"
 
 namespace sockmesh::agent {
@@ -300,6 +302,22 @@ TEST_F(NodeAgentTest, LabellingANamespaceEnrollsItsRunningPodsAndUnlabellingUnen
   for (const auto& [uid, record] : agent->pods()) EXPECT_FALSE(record.enrolled) << uid;
 }
 
+TEST_F(NodeAgentTest, APodsServiceAccountLearntLaterUpdatesItsWorkloadRecord) {
+  // The first view knows the namespace but not the pod (its ADD beat the view): the default
+  // service account is all the agent has.
+  auto agent = make_agent();
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
+  ASSERT_EQ(agent->handle(event(cni::Command::kAdd, "shop", "web", netns(1), "10.0.0.1")).outcome,
+            Outcome::kEnrolled);
+  EXPECT_EQ(enroller_.workload_map().at(ip("10.0.0.1")).service_account, "default");
+  // The next view has the pod: the record's identity follows, and it stays enrolled.
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).pod("shop", "web", {}).build());
+  ASSERT_TRUE(in_map("10.0.0.1"));
+  EXPECT_EQ(enroller_.workload_map().at(ip("10.0.0.1")).service_account, "sa-web");
+  EXPECT_EQ(agent->pods().at("uid-web").service_account, "sa-web");
+  EXPECT_TRUE(handed_over("uid-web"));
+}
+
 TEST_F(NodeAgentTest, ANewSandboxReplacesTheOldAndAStaleDelIsIgnored) {
   auto agent = make_agent();
   agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
@@ -463,6 +481,27 @@ TEST_F(NodeAgentTest, RunningPodsListedByTheApiAreFoundByTheirCgroupAndEnrolled)
   auto reply = agent.handle(event(cni::Command::kAdd, "plain", "fetched", netns(4), "10.0.0.4"));
   EXPECT_EQ(reply.outcome, Outcome::kEnrolled) << reply.message;
   EXPECT_EQ(handoff_->pods().at("uid-fetched").service_account, "fetched-sa");
+}
+
+TEST(LocalConfigLabels, APodMissingFromTheViewIsLookedUpInTheFileAsItIsNow) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("sockmesh-labels-test-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  auto path = (dir / "mesh.yaml").string();
+  std::ofstream(path) << "namespaces:\n- name: shop\n";
+  LocalConfigLabels labels(path, std::chrono::hours(1));  // no poll during the test
+  ASSERT_TRUE(labels.load());
+  EXPECT_FALSE(labels.fetch_pod("shop", "web"));
+  std::ofstream(path) << "namespaces:\n- name: shop\nworkloads:\n- uid: u1\n  name: web\n"
+                         "  namespace: shop\n  serviceAccount: web-sa\n"
+                         "  workloadIps: [10.0.0.9]\n  labels: {app: web}\n";
+  auto meta = labels.fetch_pod("shop", "web");
+  ASSERT_TRUE(meta) << "the file was not read again";
+  EXPECT_EQ(meta->service_account, "web-sa");
+  EXPECT_EQ(meta->labels.at("app"), "web");
+  EXPECT_EQ(meta->ips, std::vector<IpAddress>{ip("10.0.0.9")});
+  EXPECT_FALSE(labels.fetch_pod("shop", "nobody"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(PodRecords, SurviveAFileRoundTrip) {
