@@ -1,0 +1,728 @@
+"""A simulated sockmesh cluster made of network namespaces, for the demo, the end-to-end tests and
+the benchmark. Needs root.
+
+    node netns  (one per node: its own sockmesh-loader agent, sockmesh-proxy, cgroup, bpffs root)
+      eth0 ----------------------- the node link (172.30.0.0/24) ------------------ eth0
+      cni0 bridge 10.244.<n>.1/24  (made by the reference bridge plugin on the first pod)
+        veth -- pod netns eth0 10.244.<n>.<k>   (CNI chain: bridge + host-local, then sockmesh-cni)
+
+A node's CNI configuration starts as a plain bridge conflist in its own conf dir; the real
+`sockmesh-install-cni --once` appends sockmesh-cni to it, as the DaemonSet would. The cluster acts
+as the container runtime: it runs the chain inside the node's netns with the CNI_* environment.
+Which pods are enrolled is the node agent's decision, made from the namespace labels in the
+cluster's one config file (`mesh.yaml`), which both nodes' agents and proxies read; the cluster
+rewrites it when pods, services or policies change, as a control plane would.
+
+Every name starts with smc-<pid>-<n>-, so leftovers of a dead run are recognised and swept (netns,
+cgroups, pin roots, processes). close() removes everything, also after a failure.
+"""
+import ctypes
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.parse
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PREFIX = "smc"
+NODE_LINK = "172.30.0"
+POD_CIDR = "10.244.%d"
+TRUST_DOMAIN = "cluster.local"
+MESH_LABEL = "istio.io/dataplane-mode"
+HERE = os.path.dirname(os.path.abspath(__file__))
+PODAPP = os.path.join(HERE, "podapp.py")
+PYTHON = "/usr/bin/python3"
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_PR_SET_PDEATHSIG = 1
+_counter = [0]
+
+
+class ClusterError(Exception):
+    pass
+
+
+def run(argv, timeout=30, check=True, input=None):
+    """Runs argv; returns its stdout (stderr folded in). Raises ClusterError when it fails."""
+    try:
+        r = subprocess.run(argv, input=input, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=timeout, text=True)
+    except subprocess.TimeoutExpired:
+        raise ClusterError("timed out after %ss: %s" % (timeout, " ".join(argv)))
+    if check and r.returncode != 0:
+        raise ClusterError("%s failed (exit %d): %s" % (" ".join(argv), r.returncode,
+                                                         r.stdout.strip()))
+    return r.stdout
+
+
+def wait_until(what, condition, timeout=15.0, interval=0.05):
+    """Polls condition() until it returns a true value (returned) or raises after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = condition()
+        if v:
+            return v
+        if time.monotonic() >= deadline:
+            raise ClusterError("timed out after %.0fs waiting for %s" % (timeout, what))
+        time.sleep(interval)
+
+
+def cgroup2_mount():
+    """Where cgroup v2 is mounted (not necessarily /sys/fs/cgroup), from /proc/mounts."""
+    with open("/proc/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 2 and parts[2] == "cgroup2":
+                return parts[1]
+    raise ClusterError("cgroup v2 is not mounted (no cgroup2 line in /proc/mounts)")
+
+
+def bpffs_root():
+    """Where the cluster's pin roots go: /sys/fs/bpf (the loader mounts bpffs there if needed)."""
+    return "/sys/fs/bpf"
+
+
+def build_dir():
+    return os.environ.get("SOCKMESH_BUILD_DIR") or os.path.join(ROOT, "build")
+
+
+def binary(name):
+    sub = {"sockmesh-proxy": "userspace", "sockmesh-loader": "loader", "sockmesh-cni": "cni",
+           "sockmesh-install-cni": "cni", "sockmesh-loadgen": "bench"}[name]
+    path = os.path.join(build_dir(), sub, name)
+    if not os.access(path, os.X_OK):
+        raise ClusterError("%s is not built (%s); run cmake --build build" % (name, path))
+    return path
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _owner_pid(name):
+    m = re.match(r"^%s-(\d+)-" % PREFIX, name)
+    return int(m.group(1)) if m else 0
+
+
+def sweep_leftovers(log=None):
+    """Removes what runs of this library left behind when their process died without cleaning
+    up: processes in their cgroups, their netns, pin roots, cgroups."""
+    def stale(name):
+        pid = _owner_pid(name)
+        return pid and pid != os.getpid() and not _pid_alive(pid)
+    cg = cgroup2_mount()
+    for name in sorted(os.listdir(cg)):
+        if stale(name):
+            _remove_cgroup(os.path.join(cg, name))
+            if log:
+                log("swept cgroup %s" % name)
+    if os.path.isdir(bpffs_root()):
+        for name in os.listdir(bpffs_root()):
+            if stale(name):
+                run([binary("sockmesh-loader"), "--pin-root", os.path.join(bpffs_root(), name),
+                     "uninstall", "--force"], check=False)
+                shutil.rmtree(os.path.join(bpffs_root(), name), ignore_errors=True)
+                if log:
+                    log("swept pin root %s" % name)
+    for line in run(["ip", "netns", "list"]).splitlines():
+        name = line.split()[0] if line.strip() else ""
+        if stale(name):
+            run(["ip", "netns", "delete", name], check=False)
+            if log:
+                log("swept netns %s" % name)
+
+
+def _remove_cgroup(path):
+    """Kills everything in the cgroup tree at path and removes it, children first."""
+    if not os.path.isdir(path):
+        return
+    for entry in os.listdir(path):
+        child = os.path.join(path, entry)
+        if os.path.isdir(child):
+            _remove_cgroup(child)
+    try:
+        with open(os.path.join(path, "cgroup.kill"), "w") as f:
+            f.write("1")
+    except OSError:
+        with open(os.path.join(path, "cgroup.procs")) as f:
+            for pid in f.read().split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            os.rmdir(path)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+class Process:
+    """A long-running process inside a netns (nsenter --net) and a cgroup, logging to a file."""
+
+    def __init__(self, name, argv, netns=None, cgroup=None, log_path=None, tie_to_parent=True,
+                 env=None):
+        self.name, self.argv, self.log_path = name, argv, log_path
+        cmd = (["nsenter", "--net=" + netns] if netns else []) + argv
+
+        def pre():
+            if cgroup:
+                with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+                    f.write(str(os.getpid()))
+            if tie_to_parent:
+                _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            os.setpgid(0, 0)
+        out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+        self.popen = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
+                                      stderr=subprocess.STDOUT, preexec_fn=pre, env=env)
+        if log_path:
+            out.close()
+
+    @property
+    def pid(self):
+        return self.popen.pid
+
+    def alive(self):
+        return self.popen.poll() is None
+
+    def send(self, sig):
+        if self.alive():
+            self.popen.send_signal(sig)
+
+    def stop(self, sig=signal.SIGTERM, timeout=10.0):
+        """Sends sig, waits up to timeout, then SIGKILL. Returns the exit code."""
+        if self.alive():
+            self.popen.send_signal(sig)
+            try:
+                return self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+        return self.popen.wait(10)
+
+    def log(self):
+        if not self.log_path or not os.path.exists(self.log_path):
+            return ""
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+
+class Pod:
+    def __init__(self, cluster, node, namespace, name, service_account, ip, labels=None):
+        self.cluster, self.node = cluster, node
+        self.namespace, self.name, self.service_account = namespace, name, service_account
+        self.ip = ip
+        self.labels = dict(labels or {})
+        self.netns = "%s-%s-%s" % (cluster.id, node.short, name)
+        self.netns_path = "/run/netns/" + self.netns
+        self.uid = "%s-%s" % (namespace, name)
+        self.container_id = "ctr-" + self.netns
+        self.cgroup = os.path.join(node.cgroup, "pod-" + name)
+        self.processes = []
+
+    @property
+    def identity(self):
+        return "spiffe://%s/ns/%s/sa/%s" % (TRUST_DOMAIN, self.namespace, self.service_account)
+
+    @property
+    def workload_uid(self):
+        return "Kubernetes//v1/Pod/%s/%s" % (self.namespace, self.name)
+
+    def __repr__(self):
+        return "%s/%s (%s on %s)" % (self.namespace, self.name, self.ip, self.node.name)
+
+    def sh(self, argv, timeout=30, check=True, input=None):
+        """Runs a command in the pod (its netns and cgroup) and returns its output."""
+        cmd = ["nsenter", "--net=" + self.netns_path] + argv
+        if not os.path.isdir(self.cgroup):
+            return run(cmd, timeout=timeout, check=check, input=input)
+
+        def pre():
+            with open(os.path.join(self.cgroup, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        try:
+            r = subprocess.run(cmd, input=input, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, timeout=timeout, text=True,
+                               preexec_fn=pre)
+        except subprocess.TimeoutExpired:
+            raise ClusterError("timed out after %ss in %s: %s" % (timeout, self, " ".join(argv)))
+        if check and r.returncode != 0:
+            raise ClusterError("in %s: %s failed (exit %d): %s" % (
+                self, " ".join(argv), r.returncode, r.stdout.strip()))
+        return r.stdout
+
+    def spawn(self, name, argv):
+        """Starts a long-running process in the pod; stopped when the pod or cluster goes."""
+        p = Process(name, argv, netns=self.netns_path, cgroup=self.cgroup,
+                    log_path=os.path.join(self.cluster.work, "%s-%s-%s.log" % (
+                        self.node.short, self.name, name)),
+                    tie_to_parent=not self.cluster.keep)
+        self.processes.append(p)
+        return p
+
+    def serve(self, port=8080, name=None):
+        """Starts podapp's echo server on 0.0.0.0:port; returns once it listens."""
+        tag = name or "serve-%d" % port
+        p = self.spawn(tag, [PYTHON, PODAPP, "serve", "--port", str(port),
+                             "--name", "%s/%s" % (self.namespace, self.name)])
+        wait_until("%s listening on %d" % (self, port),
+                   lambda: ":%d " % port in self.sh(["ss", "-Hltn"]) or not p.alive(), 10)
+        if not p.alive():
+            raise ClusterError("server in %s exited: %s" % (self, p.log()))
+        return p
+
+    def client(self, target, *args, timeout=60):
+        """Runs podapp's client to target ("ip:port") and returns its JSON report."""
+        out = self.sh([PYTHON, PODAPP, "client", "--target", target] + [str(a) for a in args],
+                      timeout=timeout, check=False)
+        try:
+            return json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise ClusterError("podapp client in %s printed no report: %s" % (self, out))
+
+    def client_process(self, name, target, *args):
+        """podapp's client as a background process (its report: the last line of its log)."""
+        return self.spawn(name, [PYTHON, PODAPP, "client", "--target", target] +
+                          [str(a) for a in args])
+
+    def stop_processes(self):
+        for p in self.processes:
+            p.stop(signal.SIGKILL, timeout=2)
+        self.processes = []
+
+
+class Node:
+    def __init__(self, cluster, index, name):
+        self.cluster, self.index, self.name = cluster, index, name
+        self.short = name.replace("node-", "")
+        self.netns = "%s-%s" % (cluster.id, name)
+        self.netns_path = "/run/netns/" + self.netns
+        self.cgroup = os.path.join(cluster.cgroup, name)
+        self.proxy_cgroup = os.path.join(self.cgroup, "proxy")
+        self.pin_root = os.path.join(bpffs_root(), "%s-%s" % (cluster.id, name))
+        self.dir = os.path.join(cluster.work, name)
+        self.run_dir = os.path.join(self.dir, "run")
+        self.conf_dir = os.path.join(self.dir, "net.d")
+        self.bin_dir = os.path.join(self.dir, "cni-bin")
+        self.link_ip = "%s.%d" % (NODE_LINK, index + 1)
+        self.pod_subnet = POD_CIDR % (index + 1)
+        self.gateway = self.pod_subnet + ".1"
+        self.zds_socket = os.path.join(self.run_dir, "zds.sock")
+        self.cni_results = {}
+        self.proxy = None
+        self.agent = None
+        self.proxy_runs = 0
+        self.agent_runs = 0
+
+    def sh(self, argv, timeout=30, check=True):
+        return run(["nsenter", "--net=" + self.netns_path] + argv, timeout=timeout, check=check)
+
+    # ---- the node's processes ----
+
+    def proxy_log_path(self):
+        return os.path.join(self.dir, "proxy-%d.log" % self.proxy_runs)
+
+    def start_proxy(self, wait=True):
+        self.proxy_runs += 1
+        c = self.cluster
+        argv = [binary("sockmesh-proxy"), "--node", self.name, "--config", c.config_path,
+                "--config-poll-ms", "200", "--state-dir", c.ca_dir,
+                "--zds-socket", self.zds_socket, "--bpf-pin-root", self.pin_root,
+                "--admin", "127.0.0.1:15000", "--metrics", "0.0.0.0:15020",
+                "--readiness", "0.0.0.0:15021", "--workers", "2",
+                "--drain-timeout-ms", str(c.drain_timeout_ms),
+                "--connect-timeout-ms", "3000", "--log-level", "info"]
+        self.proxy = Process("proxy", argv, netns=self.netns_path, cgroup=self.proxy_cgroup,
+                             log_path=self.proxy_log_path(), tie_to_parent=not c.keep)
+        if wait:
+            self.wait_proxy_ready()
+        return self.proxy
+
+    def wait_proxy_ready(self, timeout=20):
+        def ready():
+            if not self.proxy.alive():
+                raise ClusterError("%s's proxy exited:\n%s" % (self.name, self.proxy.log()[-3000:]))
+            return self.http("127.0.0.1:15021", "/healthz/ready", check=False) == "ready\n"
+        wait_until("%s's proxy to be ready (ZDS snapshot from its agent)" % self.name, ready,
+                   timeout)
+
+    def start_agent(self, wait=True):
+        self.agent_runs += 1
+        c = self.cluster
+        argv = [binary("sockmesh-loader"), "--pin-root", self.pin_root, "--log-level", "info",
+                "run", "--run-dir", self.run_dir, "--labels-from", "config",
+                "--config", c.config_path, "--node", self.name,
+                "--zds-socket", self.zds_socket, "--cgroup", self.cgroup]
+        if not c.bypass:
+            argv.append("--no-bypass")
+        self.agent = Process("agent", argv, netns=self.netns_path,
+                             log_path=os.path.join(self.dir, "agent-%d.log" % self.agent_runs),
+                             tie_to_parent=not c.keep)
+        if wait:
+            sock = os.path.join(self.run_dir, "cni.sock")
+
+            def up():
+                if not self.agent.alive():
+                    raise ClusterError("%s's agent exited:\n%s" % (self.name,
+                                                                   self.agent.log()[-3000:]))
+                return "running: labels from" in self.agent.log() and os.path.exists(sock)
+            wait_until("%s's node agent" % self.name, up, 20)
+        return self.agent
+
+    def http(self, address, path, check=True, method="GET"):
+        """GET (or POST) http://address/path from inside the node's netns; the body."""
+        argv = ["curl", "-s", "--max-time", "5", "-X", method, "http://%s%s" % (address, path)]
+        if check:
+            argv.insert(1, "-f")
+        return self.sh(argv, check=check, timeout=10)
+
+    def metrics(self):
+        return self.http("127.0.0.1:15020", "/metrics")
+
+    def config_dump(self):
+        return json.loads(self.http("127.0.0.1:15000", "/config_dump"))
+
+    def loader(self, *args, check=True):
+        return run([binary("sockmesh-loader"), "--pin-root", self.pin_root] + list(args),
+                   check=check)
+
+    def bpftool_dump(self, map_name):
+        return json.loads(run(["bpftool", "-j", "map", "dump", "pinned",
+                               os.path.join(self.pin_root, map_name)]))
+
+    # ---- the container runtime's side of CNI ----
+
+    def conflist(self):
+        files = sorted(f for f in os.listdir(self.conf_dir) if f.endswith(".conflist"))
+        with open(os.path.join(self.conf_dir, files[0])) as f:
+            return json.load(f)
+
+    def cni(self, command, pod, prev=None, extra_args=""):
+        """Runs the node's CNI chain (ADD forwards, DEL backwards) for pod; the final result."""
+        conf = self.conflist()
+        plugins = conf["plugins"] if command != "DEL" else list(reversed(conf["plugins"]))
+        env = {"CNI_COMMAND": command, "CNI_CONTAINERID": pod.container_id,
+               "CNI_NETNS": pod.netns_path, "CNI_IFNAME": "eth0",
+               "CNI_PATH": self.bin_dir + ":/usr/lib/cni",
+               "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=%s;K8S_POD_NAME=%s;"
+                           "K8S_POD_INFRA_CONTAINER_ID=%s;K8S_POD_UID=%s%s" % (
+                               pod.namespace, pod.name, pod.container_id, pod.uid, extra_args),
+               "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+        result = prev
+        for plugin in plugins:
+            net = dict(plugin)
+            net["cniVersion"], net["name"] = conf["cniVersion"], conf["name"]
+            if result is not None:
+                net["prevResult"] = result
+            exe = None
+            for d in (self.bin_dir, "/usr/lib/cni"):
+                if os.access(os.path.join(d, plugin["type"]), os.X_OK):
+                    exe = os.path.join(d, plugin["type"])
+                    break
+            if not exe:
+                raise ClusterError("CNI plugin %s not found" % plugin["type"])
+            r = subprocess.run(["nsenter", "--net=" + self.netns_path, exe], input=json.dumps(net),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env, timeout=30)
+            if r.returncode != 0:
+                raise ClusterError("CNI %s of %s: %s failed (exit %d): %s %s" % (
+                    command, pod, plugin["type"], r.returncode, r.stdout.strip(),
+                    r.stderr.strip()))
+            if command == "ADD":
+                result = json.loads(r.stdout)
+        return result
+
+
+class Cluster:
+    """Two (or more) simulated nodes; pods added with add_pod(); close() removes everything."""
+
+    def __init__(self, nodes=("node-a", "node-b"), bypass=True, keep=False, drain_timeout_ms=3000,
+                 log=None, work=None):
+        _counter[0] += 1
+        self.id = "%s-%d-%d" % (PREFIX, os.getpid(), _counter[0])
+        self.bypass, self.keep, self.drain_timeout_ms = bypass, keep, drain_timeout_ms
+        self.say = log or (lambda msg: None)
+        self.work = work or tempfile.mkdtemp(prefix="sockmesh-cluster-")
+        self.cgroup = os.path.join(cgroup2_mount(), self.id)
+        self.ca_dir = os.path.join(self.work, "ca")
+        self.config_path = os.path.join(self.work, "mesh.yaml")
+        self.nodes = [Node(self, i, n) for i, n in enumerate(nodes)]
+        self.pods = []
+        self.namespaces = {}
+        self.services = []
+        self.policies = []
+        self.extra_workloads = []
+        self._made = {"netns": [], "cgroups": [], "installs": []}
+        self.closed = False
+
+    def node(self, name):
+        return next(n for n in self.nodes if n.name == name or n.short == name)
+
+    def pod(self, name):
+        return next(p for p in self.pods if p.name == name)
+
+    # ---- building ----
+
+    def up(self):
+        """Nodes, the node link, routes, CNI config, node agents and proxies. Returns self."""
+        if os.geteuid() != 0:
+            raise ClusterError("the cluster needs root (network namespaces, BPF, cgroups)")
+        for tool in ("ip", "nsenter", "curl", "bpftool"):
+            if not shutil.which(tool):
+                raise ClusterError("%s is missing: run scripts/setup" % tool)
+        for plugin in ("bridge", "host-local"):
+            if not os.access("/usr/lib/cni/" + plugin, os.X_OK):
+                raise ClusterError("/usr/lib/cni/%s is missing: apt-get install "
+                                   "containernetworking-plugins" % plugin)
+        sweep_leftovers(self.say)
+        os.makedirs(self.cgroup)
+        self._made["cgroups"].append(self.cgroup)
+        self.write_config()
+        for n in self.nodes:
+            self._make_node(n)
+        # The node link: one veth pair, eth0 in each of the two nodes (a star through a third
+        # "switch" namespace would be needed for more than two).
+        if len(self.nodes) == 2:
+            a, b = self.nodes
+            run(["ip", "link", "add", "eth0", "netns", a.netns, "type", "veth", "peer", "name",
+                 "eth0", "netns", b.netns])
+            for n, peer in ((a, b), (b, a)):
+                n.sh(["ip", "addr", "add", n.link_ip + "/24", "dev", "eth0"])
+                n.sh(["ip", "link", "set", "eth0", "up"])
+                n.sh(["ip", "route", "add", peer.pod_subnet + ".0/24", "via", peer.link_ip])
+        self.say("nodes %s joined by %s.0/24" % (
+            ", ".join("%s (pods %s.0/24)" % (n.name, n.pod_subnet) for n in self.nodes),
+            NODE_LINK))
+        for n in self.nodes:
+            n.start_proxy(wait=False)
+            n.start_agent(wait=True)
+        for n in self.nodes:
+            n.wait_proxy_ready()
+        self.say("each node runs sockmesh-loader run (agent) and sockmesh-proxy (in-pod mode)")
+        return self
+
+    def _make_node(self, n):
+        run(["ip", "netns", "add", n.netns])
+        self._made["netns"].append(n.netns)
+        n.sh(["ip", "link", "set", "lo", "up"])
+        n.sh(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
+        for d in (n.run_dir, n.conf_dir, n.bin_dir):
+            os.makedirs(d, exist_ok=True)
+        os.makedirs(n.proxy_cgroup)
+        self._made["installs"].append(n)
+        # The node's own CNI network before sockmesh: bridge + host-local, as a cluster has it.
+        base = {"cniVersion": "1.0.0", "name": "pod-network", "plugins": [{
+            "type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False,
+            "ipam": {"type": "host-local", "dataDir": os.path.join(n.dir, "ipam"),
+                     "ranges": [[{"subnet": n.pod_subnet + ".0/24"}]],
+                     "routes": [{"dst": "0.0.0.0/0"}]}}]}
+        with open(os.path.join(n.conf_dir, "10-bridge.conflist"), "w") as f:
+            json.dump(base, f, indent=2)
+        # sockmesh-install-cni appends sockmesh-cni and copies the plugin, as its DaemonSet does.
+        run([binary("sockmesh-install-cni"), "--once", "--cni-bin-dir", n.bin_dir,
+             "--cni-conf-dir", n.conf_dir, "--plugin", binary("sockmesh-cni"),
+             "--service-account-dir", os.path.join(n.dir, "no-service-account"),
+             "--agent-socket", os.path.join(n.run_dir, "cni.sock"),
+             "--namespace-hints", os.path.join(n.run_dir, "cni-namespaces.json"),
+             "--agent-timeout-ms", "5000"])
+
+    # ---- the control plane's view: mesh.yaml ----
+
+    def label_namespace(self, name, ambient=True):
+        self.namespaces[name] = {MESH_LABEL: "ambient"} if ambient else {}
+
+    def add_service(self, name, namespace, vip, ports, selector):
+        """selector: pod names backing it."""
+        self.services.append({"name": name, "namespace": namespace, "vip": vip, "ports": ports,
+                              "pods": list(selector)})
+
+    def set_policies(self, policies, wait=True):
+        self.policies = list(policies)
+        self.write_config(wait=wait)
+
+    def config(self):
+        doc = {"namespaces": [{"name": ns, **({"labels": labels} if labels else {})}
+                              for ns, labels in sorted(self.namespaces.items())],
+               "workloads": [], "services": [], "policies": self.policies}
+        for p in self.pods:
+            enrolled = self.is_ambient(p)
+            w = {"uid": p.workload_uid, "name": p.name, "namespace": p.namespace,
+                 "serviceAccount": p.service_account, "workloadName": p.name,
+                 "canonicalName": p.labels.get("app", p.name), "node": p.node.name,
+                 "protocol": "HBONE" if enrolled else "TCP", "workloadIps": [p.ip]}
+            if p.labels:
+                w["labels"] = dict(p.labels)
+            svcs = {}
+            for s in self.services:
+                if p.name in s["pods"]:
+                    svcs["%s/%s" % (s["namespace"], self.hostname(s))] = dict(s["ports"])
+            if svcs:
+                w["services"] = svcs
+            doc["workloads"].append(w)
+        for s in self.services:
+            sans = sorted({self.pod(n).identity for n in s["pods"] if self.is_ambient(self.pod(n))})
+            doc["services"].append({"name": s["name"], "namespace": s["namespace"],
+                                    "hostname": self.hostname(s), "vips": ["/" + s["vip"]],
+                                    "ports": dict(s["ports"]), "subjectAltNames": sans})
+        return doc
+
+    @staticmethod
+    def hostname(s):
+        return "%s.%s.svc.cluster.local" % (s["name"], s["namespace"])
+
+    def is_ambient(self, pod):
+        own = pod.labels.get(MESH_LABEL)
+        if own is not None:
+            return own == "ambient"
+        return self.namespaces.get(pod.namespace, {}).get(MESH_LABEL) == "ambient"
+
+    def write_config(self, wait=False):
+        text = ("# sockmesh simulated cluster %s: written by scripts/lib/cluster.py, read by both\n"
+                "# nodes' agents (namespace labels) and proxies (workloads, services, policies).\n"
+                % self.id) + yaml.safe_dump(self.config(), sort_keys=False, width=100)
+        tmp = self.config_path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.rename(tmp, self.config_path)
+        if wait:
+            self.wait_config_applied()
+
+    def wait_config_applied(self, timeout=10):
+        """Until every running proxy serves the current config (workloads and policies)."""
+        want = self.config()
+        ips = sorted(ip for w in want["workloads"] for ip in w["workloadIps"])
+        names = sorted(p["name"] for p in want["policies"])
+
+        def applied(n):
+            try:
+                d = n.config_dump()
+            except (ClusterError, ValueError):
+                return False
+            have = sorted(ip for w in d.get("workloads", []) if not w.get("fromWorkloadMap")
+                          for ip in w.get("workloadIps", []))
+            pols = sorted(p.get("name") for p in d.get("policies", []))
+            return set(ips) <= set(have) and pols == names
+        for n in self.nodes:
+            if n.proxy and n.proxy.alive():
+                wait_until("%s's proxy to load the new config" % n.name, lambda: applied(n),
+                           timeout)
+
+    # ---- pods ----
+
+    def add_pod(self, node, namespace, name, service_account="default", labels=None,
+                host_index=None):
+        """Creates the pod's netns and runs the node's CNI chain ADD for it (the pod's address:
+        10.244.<node>.<host_index>, asked of host-local with CNI_ARGS IP=). The agent enrolls it
+        or not; the cluster's config learns the pod."""
+        n = self.node(node) if isinstance(node, str) else node
+        if host_index is None:
+            host_index = 10 + len([p for p in self.pods if p.node is n])
+        ip = "%s.%d" % (n.pod_subnet, host_index)
+        pod = Pod(self, n, namespace, name, service_account, ip, labels)
+        self.pods.append(pod)
+        self.write_config(wait=True)
+        run(["ip", "netns", "add", pod.netns])
+        self._made["netns"].append(pod.netns)
+        run(["ip", "-n", pod.netns, "link", "set", "lo", "up"])
+        os.makedirs(pod.cgroup)
+        result = n.cni("ADD", pod, extra_args=";IP=" + ip)
+        n.cni_results[pod.container_id] = result
+        got = result["ips"][0]["address"].split("/")[0]
+        if got != ip:
+            raise ClusterError("host-local gave %s to %s, not %s" % (got, pod, ip))
+        self.say("pod %-22s %-12s on %s%s" % ("%s/%s" % (namespace, name), ip, n.name,
+                                               "  (mesh: enrolled by the node agent)"
+                                               if self.is_ambient(pod) else "  (not in the mesh)"))
+        return pod
+
+    def delete_pod(self, pod):
+        """CNI DEL (sockmesh-cni first, then bridge), then the netns goes, as a runtime does."""
+        pod.stop_processes()
+        prev = pod.node.cni_results.pop(pod.container_id, None)
+        pod.node.cni("DEL", pod, prev=prev)
+        run(["ip", "netns", "delete", pod.netns], check=False)
+        if pod.netns in self._made["netns"]:
+            self._made["netns"].remove(pod.netns)
+        if os.path.isdir(pod.cgroup):
+            _remove_cgroup(pod.cgroup)
+        self.pods.remove(pod)
+        self.write_config()
+
+    # ---- teardown ----
+
+    def close(self):
+        """Removes everything the cluster made. Safe to call twice and after partial set-up."""
+        if self.closed:
+            return
+        self.closed = True
+        errors = []
+        for p in self.pods:
+            p.stop_processes()
+        for n in self.nodes:
+            for proc in (n.agent, n.proxy):
+                if proc:
+                    proc.stop(signal.SIGKILL, timeout=5)
+        for n in self._made["installs"]:
+            if os.path.isdir(n.pin_root):
+                out = run([binary("sockmesh-loader"), "--pin-root", n.pin_root, "uninstall",
+                           "--force"], check=False)
+                if os.path.isdir(n.pin_root):
+                    errors.append("uninstall %s: %s" % (n.pin_root, out.strip()))
+        for ns in reversed(self._made["netns"]):
+            run(["ip", "netns", "delete", ns], check=False)
+        for cg in self._made["cgroups"]:
+            try:
+                _remove_cgroup(cg)
+            except OSError as e:
+                errors.append("cgroup %s: %s" % (cg, e))
+        shutil.rmtree(self.work, ignore_errors=True)
+        if errors:
+            raise ClusterError("cleanup left things behind: " + "; ".join(errors))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def metric_value(text, name, **labels):
+    """Sum of the samples of metric `name` whose labels include `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        rest = line[len(name):]
+        if rest[:1] not in ("{", " "):
+            continue
+        if rest.startswith("{"):
+            body, _, value = rest[1:].rpartition("} ")
+            got = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', body))
+            if any(got.get(k) != v for k, v in labels.items()):
+                continue
+        else:
+            if labels:
+                continue
+            value = rest.strip()
+        total += float(value.split()[0])
+    return total
+
+
+def quote(s):
+    return urllib.parse.quote(s, safe="")
