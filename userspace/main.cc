@@ -3,6 +3,10 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <sys/resource.h>
+
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <future>
 #include <iostream>
@@ -30,6 +34,25 @@ int fail(const std::string& message) {
   return 1;
 }
 
+// Every proxied connection holds two or three descriptors (client, upstream, a share of a pooled
+// HBONE connection): the default soft limit of 1024 would cap a node at a few hundred. Raise the
+// soft limit to the hard one, as a node proxy must.
+void raise_file_limit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  rlim_t before = lim.rlim_cur;
+  if (lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &lim) != 0) {
+      SM_WARN("main") << "could not raise the open-file limit from " << before << ": "
+                      << std::strerror(errno);
+      return;
+    }
+  }
+  SM_INFO("main") << "open-file limit " << lim.rlim_cur
+                  << (before < lim.rlim_cur ? " (raised from " + std::to_string(before) + ")" : "");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -53,6 +76,7 @@ int main(int argc, char** argv) {
   SM_INFO("main") << "sockmesh-proxy starting: node=" << cfg.node_name
                   << " workers=" << cfg.effective_workers()
                   << " trust_domain=" << cfg.trust_domain;
+  raise_file_limit();
 
   // Mesh state: the local config file (watched) or the embedded default.
   state::StateStore store;
