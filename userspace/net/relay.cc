@@ -7,7 +7,10 @@
 namespace sockmesh::net {
 
 TcpRelay::TcpRelay(Tcp::socket a, Tcp::socket b, size_t buffer_bytes)
-    : a_(std::move(a)), b_(std::move(b)), ab_{&a_, &b_}, ba_{&b_, &a_}, buffer_bytes_(buffer_bytes) {}
+    : a_(std::move(a)), b_(std::move(b)), ab_{&a_, &b_}, ba_{&b_, &a_}, buffer_bytes_(buffer_bytes) {
+  reset_unless_closed_gracefully(a_);
+  reset_unless_closed_gracefully(b_);
+}
 
 void TcpRelay::start(Done done, Progress progress) {
   done_ = std::move(done);
@@ -71,9 +74,8 @@ void TcpRelay::finish_direction(Direction& d) {
 void TcpRelay::maybe_done() {
   if (finished_ || !ab_.done || !ba_.done) return;
   finished_ = true;
-  boost::system::error_code ec;
-  a_.close(ec);
-  b_.close(ec);
+  close_gracefully(a_);
+  close_gracefully(b_);
   if (done_) done_(Result{ab_.bytes, ba_.bytes, error_});
 }
 

@@ -142,6 +142,20 @@ void close_with_reset(Tcp::socket& socket) {
   socket.close(ec);
 }
 
+void reset_unless_closed_gracefully(Tcp::socket& socket) {
+  if (!socket.is_open()) return;
+  linger l{1, 0};
+  setsockopt(socket.native_handle(), SOL_SOCKET, SO_LINGER, &l, sizeof l);
+}
+
+void close_gracefully(Tcp::socket& socket) {
+  if (!socket.is_open()) return;
+  linger l{0, 0};
+  setsockopt(socket.native_handle(), SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  boost::system::error_code ec;
+  socket.close(ec);
+}
+
 void set_nodelay(Tcp::socket& socket) {
   boost::system::error_code ec;
   socket.set_option(Tcp::no_delay(true), ec);

@@ -46,6 +46,15 @@ std::optional<std::string> prepare_dial(Tcp::socket& socket, const Endpoint& des
 // Closes with RST instead of FIN, so that the peer sees a reset rather than a clean end.
 void close_with_reset(Tcp::socket& socket);
 
+// Arms SO_LINGER {on, 0}: from now on, any close but close_gracefully() resets the connection,
+// including the kernel's close when the proxy dies. Without it a killed proxy ends an app's
+// connection with FIN, which the app takes for a clean end; and with the sockmap bypass the bytes
+// redirected into a socket's ingress queue do not count as unread, so not even unread data turns
+// that FIN into RST. Applied to every socket that faces an app or a passthrough peer.
+void reset_unless_closed_gracefully(Tcp::socket& socket);
+// Disarms the above and closes: FIN, the orderly end of a relay whose directions both ended.
+void close_gracefully(Tcp::socket& socket);
+
 void set_nodelay(Tcp::socket& socket);
 
 }  // namespace sockmesh::net

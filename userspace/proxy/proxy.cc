@@ -8,6 +8,7 @@
 #include <set>
 
 #include "base/log.h"
+#include "net/sockets.h"
 #include "proxy/pool.h"
 
 namespace sockmesh::proxy {
@@ -90,6 +91,11 @@ void Proxy::accept_loop(Listener& l) {
         if (!e) accept_loop(l);
       });
       return;
+    }
+    // A captured app connection is reset, not ended, if this process dies before its relay
+    // starts (the relays arm their sockets themselves; SOCKS5 ends its refusals with a reply).
+    if (l.role == "outbound" || l.role == "inbound_plaintext") {
+      net::reset_unless_closed_gracefully(socket);
     }
     boost::asio::post(w.io(), [&w, handler = l.handler, s = std::move(socket)]() mutable {
       handler(w, std::move(s));

@@ -11,7 +11,9 @@ constexpr size_t kReadChunk = 64 * 1024;
 
 TunnelRelay::TunnelRelay(std::shared_ptr<Tcp::socket> socket,
                          std::shared_ptr<h2::H2Stream> stream)
-    : socket_holder_(std::move(socket)), socket_(*socket_holder_), stream_(std::move(stream)) {}
+    : socket_holder_(std::move(socket)), socket_(*socket_holder_), stream_(std::move(stream)) {
+  net::reset_unless_closed_gracefully(socket_);
+}
 
 void TunnelRelay::start(Done done, Progress progress) {
   done_ = std::move(done);
@@ -171,8 +173,7 @@ void TunnelRelay::maybe_finish() {
   bool our_side_done = socket_eof_ || stream_closed_;
   if (!our_side_done || !stream_ended_ || writing_ || !pending_.empty() || !socket_shut_) return;
   finished_ = true;
-  boost::system::error_code ec;
-  socket_.close(ec);
+  net::close_gracefully(socket_);
   if (done_) {
     auto done = std::move(done_);
     done_ = nullptr;
