@@ -338,6 +338,8 @@ class Node:
         return os.path.join(self.dir, "proxy-%d.log" % self.proxy_runs)
 
     def start_proxy(self, wait=True):
+        if self.proxy:
+            self.proxy.stop(signal.SIGKILL)  # reaps one that was stopped or killed before
         self.proxy_runs += 1
         c = self.cluster
         argv = [binary("sockmesh-proxy"), "--node", self.name, "--config", c.config_path,
@@ -362,6 +364,8 @@ class Node:
                    timeout)
 
     def start_agent(self, wait=True):
+        if self.agent:
+            self.agent.stop(signal.SIGKILL)
         self.agent_runs += 1
         c = self.cluster
         argv = [binary("sockmesh-loader"), "--pin-root", self.pin_root, "--log-level", "info",
@@ -412,8 +416,9 @@ class Node:
         with open(os.path.join(self.conf_dir, files[0])) as f:
             return json.load(f)
 
-    def cni(self, command, pod, prev=None, extra_args=""):
-        """Runs the node's CNI chain (ADD forwards, DEL backwards) for pod; the final result."""
+    def cni(self, command, pod, prev=None, extra_args="", after_plugin=None):
+        """Runs the node's CNI chain (ADD forwards, DEL backwards) for pod; the final result.
+        after_plugin(type), if given, is called after each plugin succeeds."""
         conf = self.conflist()
         plugins = conf["plugins"] if command != "DEL" else list(reversed(conf["plugins"]))
         env = {"CNI_COMMAND": command, "CNI_CONTAINERID": pod.container_id,
@@ -445,6 +450,8 @@ class Node:
                     r.stderr.strip()))
             if command == "ADD":
                 result = json.loads(r.stdout)
+            if after_plugin:
+                after_plugin(plugin["type"])
         return result
 
 
@@ -650,11 +657,12 @@ class Cluster:
                                                if self.is_ambient(pod) else "  (not in the mesh)"))
         return pod
 
-    def delete_pod(self, pod):
-        """CNI DEL (sockmesh-cni first, then bridge), then the netns goes, as a runtime does."""
+    def delete_pod(self, pod, after_plugin=None):
+        """CNI DEL (sockmesh-cni first, then bridge), then the netns goes, as a runtime does.
+        after_plugin(type) is called after each plugin's DEL (to look at the pod in between)."""
         pod.stop_processes()
         prev = pod.node.cni_results.pop(pod.container_id, None)
-        pod.node.cni("DEL", pod, prev=prev)
+        pod.node.cni("DEL", pod, prev=prev, after_plugin=after_plugin)
         run(["ip", "netns", "delete", pod.netns], check=False)
         if pod.netns in self._made["netns"]:
             self._made["netns"].remove(pod.netns)
@@ -726,3 +734,36 @@ def metric_value(text, name, **labels):
 
 def quote(s):
     return urllib.parse.quote(s, safe="")
+
+
+# The topology of the demo and of the end-to-end tests:
+#   namespace shop   (labelled istio.io/dataplane-mode=ambient)   namespace legacy (not labelled)
+#   node-a: shop/client (sa client), shop/echo-a (sa echo), legacy/legacy-a
+#   node-b: shop/echo-b (sa echo), legacy/legacy-b
+#   service echo.shop.svc.cluster.local  VIP 10.96.0.20:80 -> 8080, backed by echo-b
+ECHO_VIP = "10.96.0.20"
+APP_PORT = 8080
+
+
+def demo_topology(c, serve=True):
+    """Namespaces, pods and the service above on an up() cluster; echo servers started in every
+    pod but the client. Returns the pods by name."""
+    c.label_namespace("shop", True)
+    c.label_namespace("legacy", False)
+    c.write_config(wait=True)
+    pods = {
+        "client": c.add_pod("node-a", "shop", "client", "client", labels={"app": "client"}),
+        "echo-a": c.add_pod("node-a", "shop", "echo-a", "echo", labels={"app": "echo"}),
+        "legacy-a": c.add_pod("node-a", "legacy", "legacy-a", "default",
+                              labels={"app": "legacy"}),
+        "echo-b": c.add_pod("node-b", "shop", "echo-b", "echo", labels={"app": "echo"}),
+        "legacy-b": c.add_pod("node-b", "legacy", "legacy-b", "default",
+                              labels={"app": "legacy"}),
+    }
+    c.add_service("echo", "shop", ECHO_VIP, {80: APP_PORT}, ["echo-b"])
+    c.write_config(wait=True)
+    if serve:
+        for name, pod in pods.items():
+            if name != "client":
+                pod.serve(APP_PORT)
+    return pods

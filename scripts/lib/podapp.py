@@ -7,7 +7,7 @@ client that checks every byte it gets back. Standard library only; every wait is
       address the server saw: the test of source-IP preservation), then echoes until EOF, then
       closes. Logs one line per connection to stdout.
   podapp.py client --target IP:PORT [--conns C] [--bytes N] [--seed S] [--timeout T]
-                   [--stream-seconds S [--chunk B]]
+                   [--stream-seconds S [--chunk B]] [--text T]
       C concurrent connections; each reads the greeting, sends N pseudo-random bytes (or, with
       --stream-seconds, chunks for that long) while reading the echo, half-closes, and checks
       that exactly the bytes sent came back (SHA-256) followed by EOF. Prints one JSON report:
@@ -23,7 +23,12 @@ import sys
 import time
 
 
+TEXT = [None]  # --text: the payload is this text repeated instead of pseudo-random bytes
+
+
 def pattern(seed, size):
+    if TEXT[0]:
+        return (TEXT[0] * (size // len(TEXT[0]) + 1))[:size]
     return random.Random(seed).randbytes(size)
 
 
@@ -63,6 +68,8 @@ def describe(e):
         return "timeout"
     if isinstance(e, ConnectionResetError):
         return "reset"
+    if isinstance(e, BrokenPipeError):
+        return "broken-pipe"  # a send after the peer's reset
     if isinstance(e, ConnectionRefusedError):
         return "refused"
     if isinstance(e, asyncio.IncompleteReadError):
@@ -173,7 +180,10 @@ def main(argv):
     c.add_argument("--timeout", type=float, default=10)
     c.add_argument("--stream-seconds", type=float, default=0)
     c.add_argument("--chunk", type=int, default=16384)
+    c.add_argument("--text", default="", help="send this text repeated (to find it on a wire)")
     args = p.parse_args(argv)
+    if args.mode == "client" and args.text:
+        TEXT[0] = args.text.encode()
     if args.mode == "serve":
         try:
             asyncio.run(serve(args))

@@ -1,0 +1,117 @@
+#!/usr/bin/python3
+"""End to end on two simulated nodes, when things stop: the proxy drained by SIGTERM and
+restarted, the proxy killed mid-transfer, the node agent restarted under load, and a node whose
+proxy is down. Topology: cluster.demo_topology; the proxies' drain deadline is 3 s."""
+import signal
+import time
+
+from cluster_case import APP_PORT, ECHO_VIP, ClusterCase, main, wait_until
+
+
+class Failures(ClusterCase):
+
+    def stream(self, src, name, target, seconds, timeout=10):
+        return src.client_process(name, target, "--stream-seconds", seconds, "--timeout", timeout)
+
+    def wait_streaming(self, server_pod, client_pod, count=1):
+        """Until server_pod's app has accepted count connections from client_pod."""
+        wait_until("%d stream(s) from %s to reach %s" % (count, client_pod, server_pod),
+                   lambda: server_pod.processes[0].log().count(
+                       "accepted from %s:" % client_pod.ip) >= count, 10)
+
+    def assert_fresh_traffic_flows(self):
+        self.talk(self.client, "%s:80" % ECHO_VIP, 256 * 1024)
+        self.talk(self.client, "%s:%d" % (self.pods["echo-a"].ip, APP_PORT), 256 * 1024)
+        self.talk(self.pods["legacy-b"], "%s:%d" % (self.pods["echo-a"].ip, APP_PORT), 64 * 1024)
+
+    def test_sigterm_drains_live_streams_within_the_deadline_and_a_restart_serves_again(self):
+        deadline = self.drain_timeout_ms / 1000.0
+        short = self.stream(self.client, "short", "%s:80" % ECHO_VIP, 2.0)
+        long = self.stream(self.client, "long", "%s:%d" % (self.pods["echo-a"].ip, APP_PORT),
+                           30.0)
+        self.wait_streaming(self.pods["echo-b"], self.client)
+        self.wait_streaming(self.pods["echo-a"], self.client)
+        term = time.time()
+        self.a.proxy.send(signal.SIGTERM)
+        code = self.a.proxy.popen.wait(deadline + 5)
+        stopped = time.time()
+        self.assertEqual(code, 0, "the proxy did not exit cleanly after draining")
+        self.assertLessEqual(stopped - term, deadline + 1.5, "drain overran its deadline")
+        # The stream that ends within the deadline finished with every byte echoed.
+        r = self.report_of(short, 15)
+        self.assertTrue(r["ok"], "a stream inside the drain deadline broke: %s" % r)
+        self.assertGreater(r["bytes"], 0)
+        # The one that would outlast it was cut at the deadline, and its app heard of it.
+        r = self.report_of(long, 20)
+        self.assertFalse(r["ok"])
+        self.assertLess(r["first_error_at"] - term, deadline + 2.0, "cut late: %s" % r)
+        self.assertGreater(r["first_error_at"] - term, deadline - 1.0, "cut early: %s" % r)
+        log = self.a.proxy.log()
+        self.assertIn("draining", log)
+        # A new proxy gets the pods again from the node agent (ZDS snapshot) and serves.
+        self.a.start_proxy()
+        self.assertIn("snapshot received: 2 pod(s)", self.a.proxy.log())
+        self.assert_fresh_traffic_flows()
+
+    def test_sigkill_mid_transfer_resets_the_apps_and_traffic_flows_once_it_is_back(self):
+        live = self.stream(self.client, "live", "%s:80" % ECHO_VIP, 30.0, timeout=15)
+        echo_b = self.pods["echo-b"]
+        self.wait_streaming(echo_b, self.client)
+        time.sleep(0.5)
+        killed = time.time()
+        self.a.proxy.send(signal.SIGKILL)
+        r = self.report_of(live, 20)
+        self.assertFalse(r["ok"])
+        self.assertLess(r["first_error_at"] - killed, 3.0, "the app waited for its timeout: %s"
+                        % r)
+        self.assertRegex(r["errors"][0], r"^(reset|eof|broken-pipe)",
+                         "not a reset: %s" % r["errors"])
+        # The server app on the other node hears of it too (node-b closes the stream).
+        wait_until("echo-b to see its connection end", lambda: "closed %s:" % self.client.ip in
+                   echo_b.processes[0].log() or "ended" in echo_b.processes[0].log(), 10)
+        self.a.start_proxy()
+        self.assert_fresh_traffic_flows()
+
+    def test_restarting_the_node_agents_under_load_breaks_no_connection(self):
+        streams = [
+            self.stream(self.client, "s1", "%s:80" % ECHO_VIP, 5.0),
+            self.stream(self.client, "s2", "%s:%d" % (self.pods["echo-a"].ip, APP_PORT), 5.0),
+            self.stream(self.pods["legacy-b"], "s3", "%s:%d" % (self.pods["echo-a"].ip,
+                                                                APP_PORT), 5.0),
+        ]
+        self.wait_streaming(self.pods["echo-a"], self.client)
+        self.wait_streaming(self.pods["echo-a"], self.pods["legacy-b"])
+        for node in (self.a, self.b):
+            self.assertEqual(node.agent.stop(signal.SIGTERM), 0)
+            node.start_agent()
+            self.assertIn("adopted enrolled pod", node.agent.log(),
+                          "the new agent did not adopt %s's pods" % node.name)
+        for s in streams:
+            r = self.report_of(s, 20)
+            self.assertTrue(r["ok"], "%s broke across the agent restart: %s" % (s.name, r))
+        captured = self.counter(self.a, "captured_outbound")
+        self.assert_fresh_traffic_flows()
+        self.assertEqual(self.counter(self.a, "captured_outbound") - captured, 2,
+                         "tc capture kept working across the restart")
+
+    def test_a_node_whose_proxy_is_down_gives_the_other_nodes_pods_a_fast_clear_failure(self):
+        self.talk(self.client, "%s:80" % ECHO_VIP, 4096)
+        self.b.proxy.stop(signal.SIGKILL)
+        for target in ("%s:80" % ECHO_VIP, "%s:%d" % (self.pods["echo-b"].ip, APP_PORT)):
+            r = self.client.client(target, "--bytes", 4096, "--timeout", 10)
+            self.assertFalse(r["ok"], "reached %s with node-b's proxy down: %s" % (target, r))
+            self.assertLess(r["elapsed"], 3.0, "the failure was slow: %s" % r)
+            self.assertRegex(r["errors"][0], r"^(connect: )?(reset|eof|refused)", r)
+        # node-a says what happened and to whom.
+        lines = [ln for ln in self.a.proxy.log().splitlines()
+                 if self.pods["echo-b"].ip in ln and ("refused" in ln or "failed" in ln)]
+        self.assertTrue(lines, "node-a's proxy logged nothing about the failed dial")
+        self.assertIn("15008", lines[-1])
+        # The node's other traffic is untouched, and all is well once node-b is back.
+        self.talk(self.client, "%s:%d" % (self.pods["echo-a"].ip, APP_PORT), 4096)
+        self.b.start_proxy()
+        self.assert_fresh_traffic_flows()
+
+
+if __name__ == "__main__":
+    main()

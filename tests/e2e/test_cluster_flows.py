@@ -1,0 +1,210 @@
+#!/usr/bin/python3
+"""End to end on two simulated nodes: the demo's flows with their payloads checked, the source
+address the apps see, the cross-node hop on the wire, policy, 500 connections, and pod deletion.
+Topology: cluster.demo_topology (client, echo-a, legacy-a on node-a; echo-b, legacy-b on node-b;
+service echo VIP 10.96.0.20:80 -> echo-b:8080)."""
+import os
+import subprocess
+import time
+
+from cluster_case import (APP_PORT, ECHO_VIP, ClusterCase, main, metric_value,  # noqa: F401
+                          wait_until)
+
+MiB = 1 << 20
+
+
+def deny_policy(name, **match):
+    return {"name": name, "namespace": "shop", "scope": "Namespace", "action": "Deny",
+            "rules": [[[match]]]}
+
+
+class Flows(ClusterCase):
+
+    def test_every_demo_flow_arrives_intact_and_is_logged_by_the_right_proxy(self):
+        c, client = self.cluster, self.client
+        echo_a, echo_b = self.pods["echo-a"], self.pods["echo-b"]
+        legacy_a, legacy_b = self.pods["legacy-a"], self.pods["legacy-b"]
+        out_a, in_a = self.counter(self.a, "captured_outbound"), self.counter(self.a,
+                                                                               "captured_inbound")
+
+        # 1. pod -> pod on one node: HBONE to echo-a's own 15008.
+        r = self.talk(client, "%s:%d" % (echo_a.ip, APP_PORT), 2 * MiB)
+        self.assertEqual(r["servers"], ["shop/echo-a"])
+        line = self.access_lines(self.a, "direction=inbound", "dst.addr=%s:8080" % echo_a.ip)
+        self.assertTrue(line, "node-a's proxy logged no inbound HBONE line for echo-a")
+        self.assertIn("dst.hbone_addr=%s:15008" % echo_a.ip, line[0])
+        self.assertIn("src.identity=%s" % client.identity, line[0])
+        # (bytes_sent: what reached the app; bytes_recv adds its greeting line to the echo.)
+        self.assertIn("bytes_sent=%d" % (2 * MiB), line[0])
+
+        # 2. pod -> service VIP -> pod on the other node.
+        r = self.talk(client, "%s:80" % ECHO_VIP, 2 * MiB)
+        self.assertEqual(r["servers"], ["shop/echo-b"])
+        out = self.access_lines(self.a, "direction=outbound", "dst.service=echo.shop.svc")
+        self.assertTrue(out, "node-a's proxy logged no outbound line for the VIP")
+        self.assertIn("dst.hbone_addr=%s:15008" % echo_b.ip, out[0])
+        inb = self.access_lines(self.b, "direction=inbound", "dst.addr=%s:8080" % echo_b.ip)
+        self.assertTrue(inb, "node-b's proxy logged no inbound line")
+        self.assertIn("src.identity=%s" % client.identity, inb[0])
+        self.assertIn("dst.identity=%s" % echo_b.identity, inb[0])
+
+        # 3. legacy pod (not in the mesh) -> mesh pod: plaintext captured on echo-a's 15006.
+        for legacy in (legacy_a, legacy_b):
+            r = self.talk(legacy, "%s:%d" % (echo_a.ip, APP_PORT), MiB)
+            self.assertEqual(r["servers"], ["shop/echo-a"])
+            line = self.access_lines(self.a, "direction=inbound", "src.addr=%s:" % legacy.ip)
+            self.assertTrue(line, "no inbound plaintext line for %s" % legacy)
+            self.assertNotIn("src.identity=spiffe", line[0], "plaintext has no peer identity")
+
+        # 4. mesh pod -> legacy pod: captured outbound, passed through as plain TCP.
+        r = self.talk(client, "%s:%d" % (legacy_b.ip, APP_PORT), MiB)
+        self.assertEqual(r["servers"], ["legacy/legacy-b"])
+        line = self.access_lines(self.a, "direction=outbound", "dst.addr=%s:8080" % legacy_b.ip)
+        self.assertTrue(line)
+        self.assertNotIn("dst.hbone_addr", line[0], "a pod outside the mesh gets plain TCP")
+
+        # tc assigned every outbound SYN of the client (flows 1, 2, 4) and the two plaintext
+        # inbound ones; node-b's capture saw no inbound plaintext (only HBONE arrived there).
+        self.assertEqual(self.counter(self.a, "captured_outbound") - out_a, 3)
+        self.assertEqual(self.counter(self.a, "captured_inbound") - in_a, 2)
+        self.assertEqual(self.counter(self.b, "captured_inbound"), 0)
+        self.assertGreater(self.counter(self.a, "bypass_sends"), 0,
+                           "the app <-> proxy hop in the pods never took the sockmap bypass")
+        # Pods outside the mesh have no workload record and no proxy listeners.
+        status = self.a.loader("status")
+        self.assertIn(self.client.ip, status)
+        self.assertNotIn(legacy_a.ip, status)
+
+    def test_apps_see_the_client_pods_own_address_same_node_and_across_nodes(self):
+        client = self.client
+        for target in ("%s:%d" % (self.pods["echo-a"].ip, APP_PORT),      # same node, HBONE
+                       "%s:80" % ECHO_VIP,                                 # across, via VIP
+                       "%s:%d" % (self.pods["echo-b"].ip, APP_PORT),      # across, direct
+                       "%s:%d" % (self.pods["legacy-b"].ip, APP_PORT)):   # passthrough
+            r = self.talk(client, target, 64 * 1024, conns=3)
+            self.assertEqual(r["seen_as"], [client.ip], "the server at %s saw %s" % (
+                target, r["seen_as"]))
+        legacy = self.pods["legacy-b"]
+        r = self.talk(legacy, "%s:%d" % (self.pods["echo-a"].ip, APP_PORT), 64 * 1024)
+        self.assertEqual(r["seen_as"], [legacy.ip], "captured plaintext keeps the source too")
+
+    def test_the_cross_node_hop_is_tls13_h2_to_15008_and_carries_no_plaintext(self):
+        marker = "sockmesh-plaintext-marker-%d" % os.getpid()
+        pcap = os.path.join(self.cluster.work, "link.pcap")
+        dump = subprocess.Popen(["nsenter", "--net=" + self.a.netns_path, "tcpdump", "-i", "eth0",
+                                 "-U", "-s", "0", "-w", pcap, "tcp"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_until("tcpdump to start", lambda: os.path.exists(pcap), 10)
+            time.sleep(0.3)
+            r = self.talk(self.client, "%s:80" % ECHO_VIP, 512 * 1024, text=marker)
+            self.assertEqual(r["servers"], ["shop/echo-b"])
+            # The plaintext control: the same marker from a legacy pod crosses in the clear.
+            self.talk(self.pods["legacy-b"], "%s:%d" % (self.pods["legacy-a"].ip, APP_PORT),
+                      4096, text="control-" + marker)
+            time.sleep(0.3)
+        finally:
+            dump.terminate()
+            dump.wait(10)
+        with open(pcap, "rb") as f:
+            raw = f.read()
+        self.assertIn(("control-" + marker).encode(), raw, "the capture saw the link")
+        self.assertNotIn((marker + marker).encode(), raw.replace(
+            ("control-" + marker).encode(), b""), "mesh payload crossed the link in the clear")
+
+        def tshark(*args):
+            return subprocess.run(["tshark", "-r", pcap, "-d", "tcp.port==15008,tls"] +
+                                  list(args), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                  text=True, timeout=60).stdout
+        mesh = "ip.src==%s && ip.dst==%s" % (self.client.ip, self.pods["echo-b"].ip)
+        ports = set(tshark("-Y", mesh, "-T", "fields", "-e", "tcp.dstport").split())
+        self.assertEqual(ports, {"15008"}, "client -> echo-b traffic went to ports %s" % ports)
+        hello = tshark("-Y", mesh + " && tls.handshake.type==1", "-T", "fields", "-e",
+                       "tls.handshake.extensions_alpn_str")
+        self.assertTrue(hello.strip(), "no TLS ClientHello to 15008 on the link")
+        self.assertEqual(set(hello.split()), {"h2"}, "ALPN offered: %s" % hello)
+        server_hello = tshark("-Y", "tls.handshake.type==2", "-T", "fields", "-e",
+                              "tls.handshake.extensions.supported_version")
+        self.assertIn("0x0304", server_hello, "the server did not choose TLS 1.3")
+
+    def test_a_deny_policy_refuses_new_connections_and_closes_live_ones(self):
+        c, client, echo_a = self.cluster, self.client, self.pods["echo-a"]
+        legacy = self.pods["legacy-b"]
+        self.talk(legacy, "%s:%d" % (echo_a.ip, APP_PORT), 4096)       # allowed before
+        live = client.client_process("live", "%s:80" % ECHO_VIP, "--stream-seconds", 30)
+        wait_until("the live stream to reach echo-b",
+                   lambda: self.access_lines(self.b, "connection opened", timeout=0) or
+                   "accepted from %s" % client.ip in self.pods["echo-b"].processes[0].log(), 10)
+        c.set_policies([
+            deny_policy("deny-client", principals=["cluster.local/ns/shop/sa/client"]),
+            deny_policy("deny-legacy-b", sourceIps=["%s/32" % legacy.ip])])
+        applied = time.time()
+        report = self.report_of(live, timeout=15)
+        self.assertFalse(report["ok"], "the live connection survived the Deny policy")
+        self.assertLess(report["first_error_at"] - applied, 5.0,
+                        "the live connection was closed late: %s" % report)
+        # New connections: refused, both the HBONE one and the captured plaintext one.
+        for src, target in ((client, "%s:80" % ECHO_VIP),
+                            (client, "%s:%d" % (echo_a.ip, APP_PORT)),
+                            (legacy, "%s:%d" % (echo_a.ip, APP_PORT))):
+            r = src.client(target, "--bytes", 4096, "--timeout", 5)
+            self.assertFalse(r["ok"], "%s -> %s was not refused: %s" % (src, target, r))
+            self.assertLess(r["elapsed"], 5.0, "refusal took the whole timeout: %s" % r)
+        # Other traffic is untouched; the refusals are counted and logged with the reason.
+        self.talk(self.pods["legacy-a"], "%s:%d" % (legacy.ip, APP_PORT), 4096)
+        denied = metric_value(self.b.metrics(), "istio_tcp_connections_closed_total",
+                              response_flags="DENY")
+        self.assertGreaterEqual(denied, 1, "node-b counted no DENY")
+        self.assertTrue(self.access_lines(self.a, "src.addr=%s:" % legacy.ip, "DENY") or
+                        [ln for ln in self.a.proxy.log().splitlines()
+                         if "deny-legacy-b" in ln], "no log line names the denying policy")
+
+    def test_500_concurrent_connections_across_nodes_each_intact(self):
+        opened = metric_value(self.b.metrics(), "istio_tcp_connections_opened_total",
+                              reporter="destination")
+        r = self.client.client("%s:80" % ECHO_VIP, "--conns", 500, "--bytes", 32 * 1024,
+                               "--timeout", 30, timeout=120)
+        self.assertTrue(r.get("ok"), "lost connections: %s" % {
+            k: r.get(k) for k in ("failed", "errors", "elapsed")})
+        self.assertEqual(r["bytes"], 500 * 32 * 1024)
+        self.assertEqual(r["seen_as"], [self.client.ip])
+        self.assertEqual(r["servers"], ["shop/echo-b"])
+        wait_until("node-b to count 500 more inbound connections", lambda: metric_value(
+            self.b.metrics(), "istio_tcp_connections_opened_total",
+            reporter="destination") - opened >= 500, 10)
+
+    def test_a_deleted_pod_leaves_no_map_entry_tc_program_or_listener(self):
+        echo_a = self.pods["echo-a"]
+        self.talk(self.client, "%s:%d" % (echo_a.ip, APP_PORT), 4096)
+        pods_before = metric_value(self.a.metrics(), "sockmesh_zds_pods")
+        self.assertEqual(pods_before, 2, "node-a's proxy has client and echo-a")
+        self.assertIn(echo_a.ip, self.a.loader("status"))
+        seen = {}
+
+        def between(plugin):
+            if plugin != "sockmesh-cni":
+                return
+            # sockmesh-cni's DEL is done; bridge has not yet removed eth0.
+            seen["tc"] = echo_a.sh(["tc", "filter", "show", "dev", "eth0", "ingress"]) + \
+                echo_a.sh(["tc", "filter", "show", "dev", "eth0", "egress"])
+            seen["listening"] = echo_a.sh(["ss", "-Hltn"])
+            seen["status"] = self.a.loader("status")
+            seen["workloads"] = [".".join(str(b) for b in e["formatted"]["key"]["addr"][-4:])
+                                 for e in self.a.bpftool_dump("sm_workloads")]
+            seen["zds_pods"] = metric_value(self.a.metrics(), "sockmesh_zds_pods")
+        self.cluster.delete_pod(echo_a, after_plugin=between)
+        self.assertNotIn("bpf", seen["tc"], "tc programs still on eth0: %s" % seen["tc"])
+        for port in (":15001 ", ":15006 ", ":15008 "):
+            self.assertNotIn(port, seen["listening"], "a proxy listener stayed in the pod")
+        self.assertNotIn(echo_a.ip, seen["status"], "its workload record or listeners remain")
+        self.assertIn(self.client.ip, seen["status"], "the other pod must stay enrolled")
+        self.assertNotIn(echo_a.ip, seen["workloads"], "bpftool still shows its record")
+        self.assertIn(self.client.ip, seen["workloads"])
+        self.assertEqual(seen["zds_pods"], 1)
+        self.assertFalse(os.path.exists(echo_a.netns_path))
+        # The rest of the cluster carries on.
+        self.talk(self.client, "%s:80" % ECHO_VIP, 64 * 1024)
+
+
+if __name__ == "__main__":
+    main()
