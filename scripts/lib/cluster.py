@@ -119,10 +119,22 @@ def _owner_pid(name):
 def sweep_leftovers(log=None):
     """Removes what runs of this library left behind when their process died without cleaning
     up: processes in their cgroups, their netns, pin roots, cgroups."""
-    def stale(name):
-        pid = _owner_pid(name)
-        return pid and pid != os.getpid() and not _pid_alive(pid)
     cg = cgroup2_mount()
+    cluster_ids = {}
+
+    def stale(name):
+        """Its owner is dead and nothing runs in its cluster's cgroup (a cluster kept up by
+        `scripts/demo --keep` has live proxies there, and stays until `scripts/demo --down`)."""
+        pid = _owner_pid(name)
+        if not pid or pid == os.getpid() or _pid_alive(pid):
+            return False
+        cid = re.match(r"^(%s-\d+-\d+)" % PREFIX, name)
+        if not cid:
+            return True
+        cid = cid.group(1)
+        if cid not in cluster_ids:
+            cluster_ids[cid] = not _populated(os.path.join(cg, cid))
+        return cluster_ids[cid]
     for name in sorted(os.listdir(cg)):
         if stale(name):
             _remove_cgroup(os.path.join(cg, name))
@@ -136,12 +148,41 @@ def sweep_leftovers(log=None):
                 shutil.rmtree(os.path.join(bpffs_root(), name), ignore_errors=True)
                 if log:
                     log("swept pin root %s" % name)
+    tmp = tempfile.gettempdir()
+    for name in os.listdir(tmp):
+        if stale(name) and os.path.isdir(os.path.join(tmp, name)):
+            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
     for line in run(["ip", "netns", "list"]).splitlines():
         name = line.split()[0] if line.strip() else ""
         if stale(name):
             run(["ip", "netns", "delete", name], check=False)
             if log:
                 log("swept netns %s" % name)
+
+
+def _populated(cgroup):
+    try:
+        with open(os.path.join(cgroup, "cgroup.events")) as f:
+            return "populated 1" in f.read()
+    except OSError:
+        return False
+
+
+def tear_down_kept(log=None):
+    """Removes every cluster of this library whose creating process has exited, also the ones
+    with processes still running (scripts/demo --down)."""
+    cg = cgroup2_mount()
+    ids = set()
+    for name in os.listdir(cg):
+        m = re.match(r"^(%s-(\d+)-\d+)$" % PREFIX, name)
+        if m and not _pid_alive(int(m.group(2))):
+            ids.add(m.group(1))
+    for cid in sorted(ids):
+        _remove_cgroup(os.path.join(cg, cid))   # kills its processes first
+        if log:
+            log("stopped the processes of %s" % cid)
+    sweep_leftovers(log)
+    return sorted(ids)
 
 
 def _remove_cgroup(path):
@@ -464,7 +505,7 @@ class Cluster:
         self.id = "%s-%d-%d" % (PREFIX, os.getpid(), _counter[0])
         self.bypass, self.keep, self.drain_timeout_ms = bypass, keep, drain_timeout_ms
         self.say = log or (lambda msg: None)
-        self.work = work or tempfile.mkdtemp(prefix="sockmesh-cluster-")
+        self.work = work or tempfile.mkdtemp(prefix=self.id + "-")
         self.cgroup = os.path.join(cgroup2_mount(), self.id)
         self.ca_dir = os.path.join(self.work, "ca")
         self.config_path = os.path.join(self.work, "mesh.yaml")
