@@ -13,6 +13,7 @@
 
 #include "app/admin.h"
 #include "app/options.h"
+#include "app/preflight.h"
 #include "base/log.h"
 #include "config/local_config.h"
 #include "config/watcher.h"
@@ -77,6 +78,10 @@ int main(int argc, char** argv) {
                   << " workers=" << cfg.effective_workers()
                   << " trust_domain=" << cfg.trust_domain;
   raise_file_limit();
+  for (const auto& finding : app::check_capabilities(cfg, app::effective_capabilities())) {
+    if (finding.fatal) return fail("cannot start: " + finding.message);
+    SM_WARN("main") << finding.message;
+  }
 
   // Mesh state: the local config file (watched) or the embedded default.
   state::StateStore store;
