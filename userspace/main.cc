@@ -183,7 +183,13 @@ int main(int argc, char** argv) {
     proxy.stop();
     return fail(*admin_err);
   }
-  SM_INFO("main") << "sockmesh-proxy ready";
+  if (cfg.zds_socket.empty()) {
+    SM_INFO("main") << "sockmesh-proxy ready";
+  } else {
+    SM_INFO("main") << "sockmesh-proxy started; ready (/healthz/ready) once the node agent's first "
+                       "snapshot arrives on "
+                    << cfg.zds_socket;
+  }
 
   boost::asio::io_context signals_io;
   boost::asio::signal_set signals(signals_io, SIGTERM, SIGINT);

@@ -239,6 +239,7 @@ Result<InstallReport> install(const InstallOptions& options) {
     if (!found) return found.error();
     cgroup = *found;
   }
+  if (auto s = require_cgroup2_dir(cgroup); !s) return s.error();
 
   const std::string& root = options.pin_root;
   bool fresh = !exists(root + "/" + SM_MAP_WORKLOADS);

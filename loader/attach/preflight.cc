@@ -3,6 +3,9 @@
 #include <bpf/libbpf.h>
 #include <linux/bpf.h>
 #include <linux/capability.h>
+#include <linux/magic.h>
+#include <sys/vfs.h>
+#include <unistd.h>
 #include <sys/syscall.h>
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -93,7 +96,22 @@ Status probe_kernel_features() {
       note(std::string("kernel ") + u.release + " < 5.8 (sockets from SOCKHASH lookups in tc)");
     }
   }
+  // CO-RE: the programs' relocations are resolved against the kernel's own BTF at load.
+  if (access("/sys/kernel/btf/vmlinux", R_OK) != 0) {
+    note("BTF (/sys/kernel/btf/vmlinux; CONFIG_DEBUG_INFO_BTF=y)");
+  }
   if (!missing.empty()) return Error{ENOTSUP, "the kernel lacks: " + missing};
+  return {};
+}
+
+Status require_cgroup2_dir(const std::string& dir) {
+  struct statfs fs {};
+  if (statfs(dir.c_str(), &fs) != 0) return Error::from_errno(errno, "cgroup " + dir);
+  if (fs.f_type != CGROUP2_SUPER_MAGIC) {
+    return Error{EINVAL, "cgroup " + dir +
+                             " is not on cgroup v2 (sockops attaches to a cgroup v2 directory; "
+                             "find the cgroup2 mount in /proc/mounts)"};
+  }
   return {};
 }
 

@@ -21,4 +21,7 @@ Status require_capabilities(const std::vector<Capability>& needed, const std::st
 // Probes program types, map types and helpers the datapath uses; fails naming the missing ones.
 Status probe_kernel_features();
 
+// `dir` is a directory of a cgroup v2 hierarchy (checked before anything is pinned).
+Status require_cgroup2_dir(const std::string& dir);
+
 }  // namespace sockmesh::loader

@@ -132,6 +132,18 @@ TEST(Install, SameRootOnAnotherCgroupIsRefused) {
       << report.error().message;
 }
 
+TEST(Install, ACgroupThatIsNotCgroupV2IsRefusedBeforeAnythingIsPinned) {
+  loader::InstallOptions options;
+  options.pin_root = "/sys/fs/bpf/" + testing::unique_name("sockmesh-test");
+  options.cgroup = "/tmp";  // a directory, but not of a cgroup v2 hierarchy
+  auto report = loader::install(options);
+  ASSERT_FALSE(report);
+  EXPECT_NE(report.error().message.find("is not on cgroup v2"), std::string::npos)
+      << report.error().message;
+  struct stat st {};
+  EXPECT_NE(stat(options.pin_root.c_str(), &st), 0) << "nothing may be pinned";
+}
+
 TEST(Uninstall, RemovesEveryPinAndDetaches) {
   testing::TestCgroup cgroup;
   loader::InstallOptions options;

@@ -115,7 +115,7 @@ void handle_request(ProxyContext& ctx, Worker& worker, std::shared_ptr<InboundSe
                                              target->port);
   auto verdict = policy::authorize(*snap, *dst, facts);
   if (!verdict.allowed) {
-    fail(kForbidden, "denied by policy: " + verdict.reason,
+    fail(kForbidden, "not authorized: " + verdict.reason,
          ResponseFlags::kAuthorizationPolicyDenied);
     return;
   }

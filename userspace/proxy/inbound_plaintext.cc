@@ -47,7 +47,7 @@ void InboundPlaintext::handle(Worker& worker, Tcp::socket socket) {
   if (!verdict.allowed) {
     SM_INFO("inbound") << "plaintext " << client.to_string() << " -> " << dst->to_string()
                        << " denied: " << verdict.reason;
-    record->finish("denied by policy: " + verdict.reason,
+    record->finish("not authorized: " + verdict.reason,
                    ResponseFlags::kAuthorizationPolicyDenied);
     net::close_with_reset(socket);
     return;
