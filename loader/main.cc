@@ -249,7 +249,8 @@ int run_status(const std::string& root) {
     std::cout << "  sockops: attached to cgroup id " << *node->sockops_cgroup_id << " (link id "
               << node->sockops_link_id << ")\n";
   } else {
-    std::cout << "  sockops: NOT attached (run install)\n";
+    std::cout << "  sockops: NOT attached: no sockmap bypass, app <-> proxy bytes take the TCP/IP "
+                 "stack (install says why)\n";
   }
   std::cout << "  sk_msg: "
             << (node->sk_msg_attached ? "attached to " SM_MAP_BYPASS : "NOT attached (run install)")

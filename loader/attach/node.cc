@@ -224,6 +224,36 @@ Result<uint64_t> cgroup_id_of(const std::string& cgroup_dir) {
   return static_cast<uint64_t>(st.st_ino);
 }
 
+// sockops + sk_msg: load, pin, attach (the pinned program may be an identical older instance).
+Status install_bypass(const InstallOptions& options, const std::string& root,
+                      const std::string& cgroup, InstallReport* report) {
+  if (options.refuse_bypass_for_test) return Error{ENOTSUP, "refused for the test"};
+  if (auto missing = probe_bypass_features(); !missing.empty()) {
+    return Error{ENOTSUP, "the kernel lacks: " + missing};
+  }
+  auto bypass = BpfSkeleton<bypass_bpf>::open("bypass", root);
+  if (!bypass) return bypass.error();
+  bypass.value()->rodata->cfg_bypass = options.bypass;
+  if (auto s = bypass->load(); !s) return s.error();
+  if (auto s = pin_programs(*bypass, root, report); !s) return s.error();
+  auto sockops = open_pin(program_pin(root, kProgSockops), "the sockops program");
+  if (!sockops) return sockops.error();
+  if (auto s = attach_sockops(root, cgroup, sockops->get(), report); !s) return s.error();
+  auto sk_msg = open_pin(program_pin(root, kProgSkMsg), "the sk_msg program");
+  if (!sk_msg) return sk_msg.error();
+  return attach_sk_msg(root, sk_msg->get(), report);
+}
+
+// Takes away whatever install_bypass() got as far as pinning or attaching.
+void remove_bypass(const std::string& root) {
+  std::string link_path = link_pin(root, kLinkSockops);
+  if (UniqueFd link(bpf_obj_get(link_path.c_str())); link) bpf_link_detach(link.get());
+  for (const std::string& path : {link_path, program_pin(root, kProgSockops),
+                                  program_pin(root, kProgSkMsg)}) {
+    unlink(path.c_str());
+  }
+}
+
 Result<InstallReport> install(const InstallOptions& options) {
   InstallReport report;
   if (auto s = require_capabilities(
@@ -253,24 +283,27 @@ Result<InstallReport> install(const InstallOptions& options) {
   if (!capture) return capture.error();
   capture.value()->rodata->cfg_fail_open = options.fail_open;
   if (auto s = capture->load(); !s) return s.error();
-  auto bypass = BpfSkeleton<bypass_bpf>::open("bypass", root);
-  if (!bypass) return bypass.error();
-  bypass.value()->rodata->cfg_bypass = options.bypass;
-  if (auto s = bypass->load(); !s) return s.error();
   if (fresh) report.changes.push_back("created and pinned the maps under " + root);
-
   if (auto s = pin_programs(*capture, root, &report); !s) return s.error();
-  if (auto s = pin_programs(*bypass, root, &report); !s) return s.error();
 
-  // Attach what is pinned (the pinned program may be an identical older instance).
-  auto sockops = open_pin(program_pin(root, kProgSockops), "the sockops program");
-  if (!sockops) return sockops.error();
-  if (auto s = attach_sockops(root, cgroup, sockops->get(), &report); !s) return s.error();
-  auto sk_msg = open_pin(program_pin(root, kProgSkMsg), "the sk_msg program");
-  if (!sk_msg) return sk_msg.error();
-  if (auto s = attach_sk_msg(root, sk_msg->get(), &report); !s) return s.error();
+  // The bypass is an acceleration: when the kernel refuses any part of it, capture still works
+  // and app <-> proxy bytes take the TCP/IP stack. Say so, and leave none of it half attached.
+  if (auto s = install_bypass(options, root, cgroup, &report); !s) {
+    // A conflict with what is installed is the operator's to resolve, not a kernel refusal.
+    if (s.error().code == EEXIST) return s.error();
+    report.bypass_unavailable = s.error().message;
+    report.changes.push_back("sockmap bypass unavailable (" + s.error().message +
+                             "): app <-> proxy traffic takes the TCP/IP stack");
+    remove_bypass(root);
+  }
 
-  for (const auto& c : report.changes) SM_INFO("loader") << "install: " << c;
+  for (const auto& c : report.changes) {
+    if (!report.bypass_unavailable.empty() && c.rfind("sockmap bypass unavailable", 0) == 0) {
+      SM_WARN("loader") << "install: " << c;
+    } else {
+      SM_INFO("loader") << "install: " << c;
+    }
+  }
   return report;
 }
 

@@ -21,10 +21,15 @@ struct InstallOptions {
   std::string cgroup;      // cgroup v2 directory for sockops; empty: the cgroup2 mount's root
   bool bypass = true;      // sockmap bypass of the app <-> proxy hop
   bool fail_open = false;  // pass SYNs uncaptured when the proxy's listener is missing
+  // Fault injection for tests: behave as if the kernel refused the bypass programs.
+  bool refuse_bypass_for_test = false;
 };
 
 struct InstallReport {
   std::vector<std::string> changes;  // empty when everything was in place already
+  // Why the sockmap bypass is not in place (the kernel refused part of it); empty when it is.
+  // Capture works without it: app <-> proxy bytes then take the TCP/IP stack.
+  std::string bypass_unavailable;
 };
 
 // Loads, pins and attaches. Idempotent: what is pinned and identical is kept; a program that
@@ -66,6 +71,6 @@ inline constexpr char kProgTcEgress[] = "sm_tc_egress";
 inline constexpr char kProgTcIngress[] = "sm_tc_ingress";
 inline constexpr char kProgSockops[] = "sm_sockops";
 inline constexpr char kProgSkMsg[] = "sm_sk_msg";
-inline constexpr char kLinkSockops[] = "sm_sockops";
+inline constexpr char kLinkSockops[] = SM_PIN_LINK_SOCKOPS;
 
 }  // namespace sockmesh::loader

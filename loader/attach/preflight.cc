@@ -69,21 +69,15 @@ Status probe_kernel_features() {
   };
   std::string missing;
   auto note = [&](const std::string& what) { missing += (missing.empty() ? "" : "; ") + what; };
-  for (auto p : {ProgProbe{BPF_PROG_TYPE_SCHED_CLS, "tc programs (sched_cls)"},
-                 ProgProbe{BPF_PROG_TYPE_SOCK_OPS, "sockops programs (4.13)"},
-                 ProgProbe{BPF_PROG_TYPE_SK_MSG, "sk_msg programs (4.17)"}}) {
-    if (libbpf_probe_bpf_prog_type(p.type, nullptr) != 1) note(p.name);
+  if (libbpf_probe_bpf_prog_type(BPF_PROG_TYPE_SCHED_CLS, nullptr) != 1) {
+    note("tc programs (sched_cls)");
   }
   if (libbpf_probe_bpf_map_type(BPF_MAP_TYPE_SOCKHASH, nullptr) != 1) note("SOCKHASH maps (4.18)");
   if (libbpf_probe_bpf_map_type(BPF_MAP_TYPE_LRU_HASH, nullptr) != 1) note("LRU hash maps");
   for (auto h :
        {HelperProbe{BPF_PROG_TYPE_SCHED_CLS, BPF_FUNC_sk_assign, "bpf_sk_assign (5.7)"},
         HelperProbe{BPF_PROG_TYPE_SCHED_CLS, BPF_FUNC_skc_lookup_tcp, "bpf_skc_lookup_tcp (5.2)"},
-        HelperProbe{BPF_PROG_TYPE_SCHED_CLS, BPF_FUNC_redirect, "bpf_redirect"},
-        HelperProbe{BPF_PROG_TYPE_SOCK_OPS, BPF_FUNC_sock_hash_update,
-                    "bpf_sock_hash_update (4.18)"},
-        HelperProbe{BPF_PROG_TYPE_SK_MSG, BPF_FUNC_msg_redirect_hash,
-                    "bpf_msg_redirect_hash (4.18)"}}) {
+        HelperProbe{BPF_PROG_TYPE_SCHED_CLS, BPF_FUNC_redirect, "bpf_redirect"}}) {
     if (libbpf_probe_bpf_helper(h.type, h.helper, nullptr) != 1) note(h.name);
   }
   // Not probeable by helper: a SOCKHASH lookup that returns a socket to tc (5.8).
@@ -102,6 +96,26 @@ Status probe_kernel_features() {
   }
   if (!missing.empty()) return Error{ENOTSUP, "the kernel lacks: " + missing};
   return {};
+}
+
+std::string probe_bypass_features() {
+  route_libbpf_logs();
+  std::string missing;
+  auto note = [&](const char* what) { missing += (missing.empty() ? "" : "; ") + std::string(what); };
+  if (libbpf_probe_bpf_prog_type(BPF_PROG_TYPE_SOCK_OPS, nullptr) != 1) {
+    note("sockops programs (4.13)");
+  }
+  if (libbpf_probe_bpf_prog_type(BPF_PROG_TYPE_SK_MSG, nullptr) != 1) {
+    note("sk_msg programs (4.17)");
+  } else if (libbpf_probe_bpf_helper(BPF_PROG_TYPE_SK_MSG, BPF_FUNC_msg_redirect_hash, nullptr) !=
+             1) {
+    note("bpf_msg_redirect_hash (4.18)");
+  }
+  if (libbpf_probe_bpf_prog_type(BPF_PROG_TYPE_SOCK_OPS, nullptr) == 1 &&
+      libbpf_probe_bpf_helper(BPF_PROG_TYPE_SOCK_OPS, BPF_FUNC_sock_hash_update, nullptr) != 1) {
+    note("bpf_sock_hash_update (4.18)");
+  }
+  return missing;
 }
 
 Status require_cgroup2_dir(const std::string& dir) {

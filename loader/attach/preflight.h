@@ -20,6 +20,9 @@ Status require_capabilities(const std::vector<Capability>& needed, const std::st
 
 // Probes program types, map types and helpers the datapath uses; fails naming the missing ones.
 Status probe_kernel_features();
+// What the kernel lacks for the sockmap bypass only (sockops, sk_msg and their helpers); empty
+// when it has all. Not fatal: capture works without the bypass.
+std::string probe_bypass_features();
 
 // `dir` is a directory of a cgroup v2 hierarchy (checked before anything is pinned).
 Status require_cgroup2_dir(const std::string& dir);

@@ -144,6 +144,44 @@ TEST(Install, ACgroupThatIsNotCgroupV2IsRefusedBeforeAnythingIsPinned) {
   EXPECT_NE(stat(options.pin_root.c_str(), &st), 0) << "nothing may be pinned";
 }
 
+TEST(Install, ABypassTheKernelRefusesLeavesCaptureInstalledAndSaysSo) {
+  testing::TestCgroup cgroup;
+  loader::InstallOptions options;
+  options.pin_root = "/sys/fs/bpf/" + testing::unique_name("sockmesh-test");
+  options.cgroup = cgroup.path();
+  options.refuse_bypass_for_test = true;
+  auto report = loader::install(options);
+  ASSERT_TRUE(report) << report.error().message;
+  EXPECT_NE(report->bypass_unavailable.find("refused"), std::string::npos);
+  bool said = false;
+  for (const auto& c : report->changes) {
+    said = said || c.find("bypass unavailable") != std::string::npos;
+  }
+  EXPECT_TRUE(said) << "the report must say the bypass is off";
+  auto status = loader::node_status(options.pin_root);
+  ASSERT_TRUE(status) << status.error().message;
+  EXPECT_FALSE(status->sockops_cgroup_id) << "no sockops link may be left attached";
+  EXPECT_FALSE(status->sk_msg_attached);
+  bool tc_pinned = false;
+  for (const auto& p : status->programs) {
+    tc_pinned = tc_pinned || p.name == loader::kProgTcIngress;
+    EXPECT_NE(p.name, loader::kProgSockops) << "no bypass program may stay pinned";
+  }
+  EXPECT_TRUE(tc_pinned) << "capture is installed";
+  struct stat st {};
+  EXPECT_NE(stat((options.pin_root + "/" SM_PIN_LINKS_DIR "/" SM_PIN_LINK_SOCKOPS).c_str(), &st),
+            0);
+  // A later install on a kernel that allows it adds the bypass.
+  options.refuse_bypass_for_test = false;
+  auto again = loader::install(options);
+  ASSERT_TRUE(again) << again.error().message;
+  EXPECT_TRUE(again->bypass_unavailable.empty());
+  status = loader::node_status(options.pin_root);
+  ASSERT_TRUE(status);
+  EXPECT_TRUE(status->sockops_cgroup_id);
+  EXPECT_TRUE(loader::uninstall(options.pin_root, true));
+}
+
 TEST(Uninstall, RemovesEveryPinAndDetaches) {
   testing::TestCgroup cgroup;
   loader::InstallOptions options;

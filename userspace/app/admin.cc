@@ -1,5 +1,7 @@
 #include "app/admin.h"
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "base/log.h"
@@ -193,6 +195,13 @@ std::string datapath_metrics(const std::string& pin_root) {
     out += "# TYPE " + name + " counter\n";
     out += name + " " + std::to_string((*values)[i]) + "\n";
   }
+  // The bypass is optional (the loader goes on without it when the kernel refuses it).
+  const std::string link = pin_root + "/" SM_PIN_LINKS_DIR "/" SM_PIN_LINK_SOCKOPS;
+  out += "# HELP sockmesh_datapath_bypass_attached 1 when the sockmap bypass (sockops + sk_msg) "
+         "is attached, 0 when app <-> proxy traffic takes the TCP/IP stack\n"
+         "# TYPE sockmesh_datapath_bypass_attached gauge\n"
+         "sockmesh_datapath_bypass_attached " +
+         std::string(access(link.c_str(), F_OK) == 0 ? "1" : "0") + "\n";
   return out;
 }
 

@@ -56,3 +56,5 @@
 #define SM_PIN_ROOT_DEFAULT "/sys/fs/bpf/sockmesh"
 #define SM_PIN_PROGS_DIR "progs"
 #define SM_PIN_LINKS_DIR "links"
+/* The sockops link under SM_PIN_LINKS_DIR: present when the sockmap bypass is attached. */
+#define SM_PIN_LINK_SOCKOPS "sm_sockops"
