@@ -1,0 +1,592 @@
+#!/usr/bin/python3
+"""sockmesh pod -> pod benchmark on the simulated two-node cluster (issue 5; root; through
+`scripts/bench --cluster` or on its own).
+
+Pods are made by scripts/lib/cluster.py (network namespaces, the real CNI chain, a node agent and
+an in-pod sockmesh-proxy per node). A client pod on node-a talks to a server pod on node-b
+("across nodes": pod veth -> bridge -> node link -> bridge -> pod veth) and to a server pod on
+node-a ("same node"), for four paths, measured interleaved in one run:
+
+  (1) no mesh         pods in a namespace not labelled for the mesh: plain pod -> pod TCP
+  (2) sockmesh        the namespace is labelled: tc capture in each pod's netns, the sockmap
+                      bypass on the app <-> proxy hops, HBONE (mTLS HTTP/2 CONNECT) between the
+                      proxies' in-pod sockets
+  (3) no bypass       the same, on a cluster installed without the bypass (Cluster(bypass=False))
+  (4) iptables        the same proxy and ZDS hand-over, but the pods' tc capture is detached after
+                      enrollment and the pod netns gets Istio's iptables rules instead: nat OUTPUT
+                      -> REDIRECT 15001, nat PREROUTING -> REDIRECT 15006 (except 15008 and the
+                      proxy's mark 0x20000), plus the connmark + policy route that brings the
+                      app's replies to the proxy's source-preserving (transparent) socket back
+                      over lo. The proxy takes the original destination from SO_ORIGINAL_DST.
+
+Each of (2), (3), (4) runs on a cluster of its own (so each has its own two node proxies); (1)
+shares the cluster of (4), which has no BPF on its pods' datapath once tc is detached.
+
+Per path and topology: throughput with 1 stream and with 8 streams, 1 KiB request/response round
+trips (p50, p99), CPU seconds per GB moved during the throughput runs (usage_usec of the
+cluster's cgroup v2 tree: the client, the server and both node proxies; the system-wide
+/proc/stat figure is kept in the JSON), and the VmRSS of the node proxies after the run.
+Writes bench/results/cluster-<timestamp>.md (printed too), .json and .png (matplotlib).
+Everything (namespaces, cgroups, pin roots, processes; iptables rules die with the pod netns) is
+removed on exit and on Ctrl-C.
+"""
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from benchlib import BenchError, log, run_bench, set_log_prefix  # noqa: E402
+
+set_log_prefix("cluster")
+
+MiB = 1 << 20
+GB = 1e9
+
+SERVER_PORT = 9080
+# From bpf/include/sockmesh/consts.h.
+SM_MARK_PROXY = 0x00020000
+SM_MARK_LOCAL_HOP = 0x00040000
+SM_PORT_OUTBOUND = 15001
+SM_PORT_INBOUND_PLAIN = 15006
+SM_PORT_HBONE = 15008
+# Policy routing for the iptables path's return traffic (Istio uses table 100 and mark 0x111; this
+# is sockmesh's own mark bit, in a table apart from the loader's 0x534d).
+IPT_ROUTE_TABLE = 0x5349
+IPT_RULE_PRIORITY = 31990
+
+PATHS = [
+    ("nomesh", "(1) no mesh"),
+    ("bypass", "(2) sockmesh: tc + sockmap bypass"),
+    ("nobypass", "(3) sockmesh: tc, no bypass"),
+    ("iptables", "(4) sockmesh fed by iptables REDIRECT"),
+]
+TOPOLOGIES = [("cross", "across nodes"), ("same", "same node")]
+
+
+def load_cluster_lib():
+    """scripts/lib/cluster.py, under another module name: this file is cluster.py too."""
+    path = os.path.join(ROOT, "scripts", "lib", "cluster.py")
+    spec = importlib.util.spec_from_file_location("sockmesh_cluster_lib", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def cgroup_cpu_seconds(path):
+    """usage_usec of a cgroup v2 tree (always present in cpu.stat, controller enabled or not)."""
+    with open(os.path.join(path, "cpu.stat")) as f:
+        for line in f:
+            k, v = line.split()
+            if k == "usage_usec":
+                return int(v) / 1e6
+    raise BenchError("no usage_usec in %s/cpu.stat" % path)
+
+
+def system_cpu_seconds():
+    """Busy CPU time of the whole machine (every CPU), from /proc/stat: all but idle and iowait."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    busy = sum(fields[:8]) - fields[3] - fields[4]  # user nice system idle iowait irq softirq steal
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def rss_kib(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise BenchError("no VmRSS for pid %d" % pid)
+
+
+class Combo:
+    """One path x one topology: the client pod and the server it talks to."""
+
+    def __init__(self, path, topo, cluster, client, server):
+        self.path, self.topo = path, topo
+        self.cluster, self.client, self.server = cluster, client, server
+        self.key = "%s/%s" % (path, topo)
+
+
+class ClusterBench:
+    def __init__(self, o):
+        self.o = o
+        self.lib = load_cluster_lib()
+        try:
+            self.loadgen_bin = self.lib.binary("sockmesh-loadgen")
+            for name in ("sockmesh-proxy", "sockmesh-loader", "sockmesh-cni",
+                         "sockmesh-install-cni"):
+                self.lib.binary(name)
+        except self.lib.ClusterError as e:
+            raise BenchError("%s (scripts/bench --cluster builds them)" % e)
+        self.clusters = {}  # path key -> Cluster (nomesh shares iptables')
+        self.made = []      # every Cluster, for cleanup
+        self.combos = []
+        self.notes = []
+        self.t0 = time.time()
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def check_budget(self):
+        if time.time() - self.t0 > self.o.max_seconds:
+            raise BenchError("over the time budget of %d s (--max-seconds)" % self.o.max_seconds)
+
+    def new_cluster(self, what, bypass):
+        log("cluster for %s (bypass=%s): nodes, CNI, agents, proxies" % (what, bypass))
+        c = self.lib.Cluster(bypass=bypass, log=lambda m: log("  " + m))
+        self.made.append(c)
+        return c
+
+    def serve(self, pod):
+        p = pod.spawn("loadgen-server", [
+            self.loadgen_bin, "server", "--listen", "0.0.0.0:%d" % SERVER_PORT,
+            "--netns-only", "yes", "--max-seconds", str(self.o.max_seconds + 300)])
+
+        def up():
+            if not p.alive():
+                raise BenchError("loadgen server in %s exited: %s" % (pod, p.log()[-2000:]))
+            return (":%d " % SERVER_PORT) in pod.sh(["ss", "-Hltn"])
+        self.lib.wait_until("loadgen server in %s" % pod, up, 15)
+        return p
+
+    def pods_for(self, c, path, namespace):
+        client = c.add_pod("node-a", namespace, "%s-client" % path, "bench-client")
+        same = c.add_pod("node-a", namespace, "%s-srv-a" % path, "bench-server")
+        cross = c.add_pod("node-b", namespace, "%s-srv-b" % path, "bench-server")
+        return client, same, cross
+
+    def wait_enrolled(self, pods):
+        for pod in pods:
+            self.lib.wait_until(
+                "the proxy's listeners in %s" % pod,
+                lambda: all(":%d " % port in pod.sh(["ss", "-Hltn"])
+                            for port in (SM_PORT_OUTBOUND, SM_PORT_INBOUND_PLAIN, SM_PORT_HBONE)),
+                15)
+
+    def iptables_capture(self, pod):
+        """Detaches the pod's tc capture (the loader's clsact filters) and installs Istio-style
+        iptables redirection in the pod's netns instead. Nothing here outlives the pod netns."""
+        for hook in ("ingress", "egress"):
+            pod.sh(["tc", "filter", "del", "dev", "eth0", hook])
+            left = pod.sh(["tc", "filter", "show", "dev", "eth0", hook]).strip()
+            if left:
+                raise BenchError("tc %s filters left on %s: %s" % (hook, pod, left))
+        proxy_mark = "0x%x/0x%x" % (SM_MARK_PROXY, SM_MARK_PROXY)
+        hop_mark = "0x%x/0x%x" % (SM_MARK_LOCAL_HOP, SM_MARK_LOCAL_HOP)
+        rules = [
+            # Outbound: the app's connections to the proxy's 15001 (not the proxy's own sockets).
+            ["-t", "nat", "-A", "OUTPUT", "-p", "tcp", "!", "-d", "127.0.0.0/8",
+             "-m", "mark", "!", "--mark", proxy_mark,
+             "-j", "REDIRECT", "--to-ports", str(SM_PORT_OUTBOUND)],
+            # Inbound plaintext: anything but HBONE and the proxy's own connections to 15006.
+            ["-t", "nat", "-A", "PREROUTING", "-p", "tcp", "!", "-d", "127.0.0.0/8",
+             "!", "--dport", str(SM_PORT_HBONE), "-m", "mark", "!", "--mark", proxy_mark,
+             "-j", "REDIRECT", "--to-ports", str(SM_PORT_INBOUND_PLAIN)],
+            # The proxy dials the app from the client's address (transparent): remember the
+            # connection, and route the app's answers (mark restored) to lo, as Istio does.
+            ["-t", "mangle", "-A", "OUTPUT", "-m", "mark", "--mark", hop_mark,
+             "-j", "CONNMARK", "--set-xmark", hop_mark],
+            ["-t", "mangle", "-A", "OUTPUT", "-m", "connmark", "--mark", hop_mark,
+             "-j", "CONNMARK", "--restore-mark", "--mask", "0x%x" % SM_MARK_LOCAL_HOP],
+        ]
+        for r in rules:
+            pod.sh(["iptables"] + r)
+        pod.sh(["ip", "rule", "add", "fwmark", hop_mark, "lookup", str(IPT_ROUTE_TABLE),
+                "pref", str(IPT_RULE_PRIORITY)])
+        pod.sh(["ip", "route", "add", "local", "0.0.0.0/0", "dev", "lo", "table",
+                str(IPT_ROUTE_TABLE)])
+
+    def setup(self):
+        o = self.o
+        specs = [("bypass", True), ("nobypass", False), ("iptables", False)]
+        for path, bypass in specs:
+            if path not in o.paths and not (path == "iptables" and "nomesh" in o.paths):
+                continue
+            self.check_budget()
+            c = self.new_cluster(path, bypass)
+            if path == "iptables":
+                c.label_namespace("plain", False)
+            c.label_namespace("mesh-" + path, True)
+            c.up()
+            self.clusters[path] = c
+            groups = []
+            if path in o.paths:
+                groups.append((path, "mesh-" + path))
+            if path == "iptables" and "nomesh" in o.paths:
+                groups.append(("nomesh", "plain"))
+                self.clusters["nomesh"] = c
+            for key, ns in groups:
+                client, same, cross = self.pods_for(c, key, ns)
+                if key != "nomesh":
+                    self.wait_enrolled([client, same, cross])
+                if key == "iptables":
+                    for pod in (client, same, cross):
+                        self.iptables_capture(pod)
+                    log("  iptables: tc detached, REDIRECT rules in the 3 pods of (4)")
+                for pod in (same, cross):
+                    self.serve(pod)
+                for topo, server in (("cross", cross), ("same", same)):
+                    if topo in o.topologies:
+                        self.combos.append(Combo(key, topo, c, client, server))
+        order = {k: i for i, (k, _) in enumerate(PATHS)}
+        self.combos.sort(key=lambda x: (order[x.path], [t for t, _ in TOPOLOGIES].index(x.topo)))
+
+    # -- load -------------------------------------------------------------------------------
+
+    def loadgen(self, combo, args):
+        self.check_budget()
+        t = self.o.op_timeout
+        cmd = [self.loadgen_bin, "client", "--target", "%s:%d" % (combo.server.ip, SERVER_PORT),
+               "--via", "tcp", "--timeout", str(t), "--netns-only", "yes"] + args
+        try:
+            out = combo.client.sh(cmd, timeout=t + 20, check=False)
+        except self.lib.ClusterError as e:
+            raise BenchError("%s: %s" % (combo.key, e))
+        for line in reversed(out.strip().splitlines()):
+            if line.startswith("{"):
+                return json.loads(line)
+        raise BenchError("loadgen on %s gave no result: %s\n  (%s)" % (combo.key, out.strip()[-2000:],
+                                                                     " ".join(args)))
+
+    def throughput(self, combo, nbytes, streams):
+        cg = combo.cluster.cgroup
+        c0, s0 = cgroup_cpu_seconds(cg), system_cpu_seconds()
+        r = self.loadgen(combo, ["--mode", "throughput", "--bytes", str(nbytes),
+                                 "--streams", str(streams)])
+        r["cgroup_cpu_s"] = cgroup_cpu_seconds(cg) - c0
+        r["system_cpu_s"] = system_cpu_seconds() - s0
+        return r
+
+    def pingpong(self, combo, iters, warmup):
+        return self.loadgen(combo, ["--mode", "pingpong", "--size", "1024", "--iters", str(iters),
+                                    "--warmup", str(warmup)])
+
+    def evidence(self):
+        """Counters that show each path went the way its label says: the loader's counters for
+        the tc paths, the REDIRECT rule's packets for the iptables path."""
+        ev = {}
+        for path in ("bypass", "nobypass", "iptables"):
+            c = self.clusters.get(path)
+            if c is None or path not in self.o.paths:
+                continue
+            counts = {}
+            for n in c.nodes:
+                out = n.loader("status", check=False)
+                in_counters = False
+                for line in out.splitlines():
+                    if line.startswith("counters:"):
+                        in_counters = True
+                        continue
+                    parts = line.split()
+                    if in_counters and len(parts) >= 2 and parts[1].isdigit():
+                        counts[parts[0]] = counts.get(parts[0], 0) + int(parts[1])
+            try:
+                counts["hbone_connections_accepted(destination reporter)"] = int(sum(
+                    self.lib.metric_value(n.metrics(), "istio_tcp_connections_opened_total",
+                                          reporter="destination") for n in c.nodes))
+            except self.lib.ClusterError as e:
+                self.notes.append("(metrics of %s unreadable: %s)" % (path, e))
+            if path == "iptables":
+                client = next(x.client for x in self.combos if x.path == "iptables")
+                out = client.sh(["iptables", "-t", "nat", "-L", "OUTPUT", "-n", "-v", "-x"],
+                                check=False)
+                for line in out.splitlines():
+                    if "REDIRECT" in line:
+                        counts["iptables_redirected_packets(client pod)"] = int(line.split()[0])
+            ev[path] = counts
+        return ev
+
+    def measure(self):
+        o = self.o
+        log("warm-up (%d combinations)" % len(self.combos))
+        for x in self.combos:
+            self.loadgen(x, ["--mode", "throughput", "--bytes", str(o.warmup_bytes),
+                             "--streams", "1"])
+            self.pingpong(x, 200, 100)
+        ev0 = self.evidence()
+        res = {x.key: {"tp1": [], "tp8": [], "pp": []} for x in self.combos}
+        n = len(self.combos)
+        for rep in range(o.reps):
+            # Interleaved: every combination once per step, the order rotating each repetition.
+            order = self.combos[rep % n:] + self.combos[:rep % n]
+            for x in order:
+                log("rep %d/%d %-16s %d x 1 KiB round trips" % (rep + 1, o.reps, x.key, o.iters))
+                res[x.key]["pp"].append(self.pingpong(x, o.iters, o.pp_warmup))
+            for x in order:
+                log("rep %d/%d %-16s 1 stream x %d MiB" % (rep + 1, o.reps, x.key,
+                                                          o.tp1_bytes // MiB))
+                res[x.key]["tp1"].append(self.throughput(x, o.tp1_bytes, 1))
+            for x in order:
+                log("rep %d/%d %-16s %d streams x %d MiB" % (rep + 1, o.reps, x.key, o.streams,
+                                                            o.tp8_bytes // o.streams // MiB))
+                res[x.key]["tp8"].append(self.throughput(x, o.tp8_bytes, o.streams))
+            for c in self.made:
+                for node in c.nodes:
+                    if not node.proxy.alive():
+                        raise BenchError("%s's proxy of cluster %s exited:\n%s" % (
+                            node.name, c.id, node.proxy.log()[-3000:]))
+        ev1 = self.evidence()
+        rss = {}
+        for path in ("bypass", "nobypass", "iptables"):
+            c = self.clusters.get(path)
+            if c is not None and path in o.paths:
+                rss[path] = {n.name: rss_kib(n.proxy.pid) for n in c.nodes}
+        return res, ev0, ev1, rss
+
+    # -- report -----------------------------------------------------------------------------
+
+    def summarise(self, res, rss):
+        med = statistics.median
+        s = {}
+        for x in self.combos:
+            r = res[x.key]
+            tp = r["tp1"] + r["tp8"]
+            moved = sum(t["bytes"] for t in tp)
+            s[x.key] = {
+                "path": x.path, "topo": x.topo,
+                "tp1": med(t["gbps"] for t in r["tp1"]),
+                "tp8": med(t["gbps"] for t in r["tp8"]),
+                "p50": med(p["p50_us"] for p in r["pp"]),
+                "p99": med(p["p99_us"] for p in r["pp"]),
+                "cpu_per_gb": sum(t["cgroup_cpu_s"] for t in tp) / (moved / GB),
+                "sys_cpu_per_gb": sum(t["system_cpu_s"] for t in tp) / (moved / GB),
+                "tp1_all": [t["gbps"] for t in r["tp1"]],
+                "tp8_all": [t["gbps"] for t in r["tp8"]],
+                "p50_all": [p["p50_us"] for p in r["pp"]],
+                "rss_mib": (sum(rss[x.path].values()) / 1024.0) if x.path in rss else None,
+            }
+        return s
+
+    def report(self, res, ev0, ev1, rss):
+        o = self.o
+        s = self.summarise(res, rss)
+        labels = dict(PATHS)
+        L = ["# sockmesh pod → pod benchmark (simulated two-node cluster)", ""]
+        L.append("%s · %d CPUs · kernel %s · %s · load average at start %.1f, at end %.1f" % (
+            datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), os.cpu_count(), platform.release(),
+            "quick run" if o.quick else "full run", self.load_start, os.getloadavg()[0]))
+        L.append("")
+        L.append("Binaries: %s." % os.environ.get("SOCKMESH_BUILD_DIR", "?"))
+        L.append("")
+        L.append("Client pod on node-a → server pod on node-b (across nodes) or on node-a (same "
+                 "node), pods made by the real CNI chain (bridge + host-local + sockmesh-cni). "
+                 "Round trips: %d × 1 KiB request + 1 KiB response on one connection (after %d "
+                 "warm-up); throughput: 1 stream × %d MiB and %d streams × %d MiB. Medians of %d "
+                 "repetitions, all %d combinations interleaved (order rotating) in this run." % (
+                     o.iters, o.pp_warmup, o.tp1_bytes // MiB, o.streams,
+                     o.tp8_bytes // o.streams // MiB, o.reps, len(self.combos)))
+        L.append("")
+        for topo, tlabel in TOPOLOGIES:
+            base = s.get("nomesh/" + topo)
+            rows = [x for x in self.combos if x.topo == topo]
+            if not rows:
+                continue
+            L.append("### %s" % tlabel)
+            L.append("")
+            L.append("| path | 1 stream Gbit/s | vs no mesh | %d streams Gbit/s | vs no mesh | "
+                     "1 KiB RTT p50 µs | vs no mesh | p99 µs | vs no mesh | CPU s/GB | vs no mesh "
+                     "| proxy RSS MiB (A+B) |" % o.streams)
+            L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+            for x in rows:
+                v = s[x.key]
+
+                def ratio(field, fmt):
+                    if base is None or not base[field]:
+                        return "—"
+                    return fmt % (v[field] / base[field])
+                L.append("| %s | %.2f | %s | %.2f | %s | %.1f | %s | %.1f | %s | %.2f | %s | %s |" % (
+                    labels[x.path], v["tp1"], ratio("tp1", "%.2f×"),
+                    v["tp8"], ratio("tp8", "%.2f×"), v["p50"], ratio("p50", "%.2f×"), v["p99"],
+                    ratio("p99", "%.2f×"), v["cpu_per_gb"], ratio("cpu_per_gb", "%.2f×"),
+                    "—" if v["rss_mib"] is None else "%.1f" % v["rss_mib"]))
+            L.append("")
+        L.append("CPU s/GB: CPU time (usage_usec of the cgroup v2 tree of the path's cluster: the "
+                 "client and server pods' processes and both node proxies; the node agents are "
+                 "outside it and idle) over all throughput runs (1 and %d streams), divided by "
+                 "the GB (10⁹ bytes) moved. Kernel work in softirq is charged to whatever task "
+                 "the CPU was running, mostly the sender. The system-wide /proc/stat figure "
+                 "(which also counts other users of this machine) is in the JSON as "
+                 "sys_cpu_per_gb." % o.streams)
+        L.append("")
+        if rss:
+            L.append("Proxy RSS: VmRSS of the two node proxies (node-a + node-b) of the path's "
+                     "cluster after the run: %s. (1) has no proxy on its path." % "; ".join(
+                         "%s: %s" % (k, ", ".join("%s %.1f MiB" % (n, kib / 1024.0)
+                                                  for n, kib in sorted(v.items())))
+                         for k, v in rss.items()))
+            L.append("")
+        L.append("Per-repetition figures (1 stream Gbit/s | %d streams Gbit/s | RTT p50 µs):" %
+                 o.streams)
+        L.append("")
+        for x in self.combos:
+            v = s[x.key]
+            L.append("- %s: %s | %s | %s" % (x.key, ", ".join("%.2f" % g for g in v["tp1_all"]),
+                                             ", ".join("%.2f" % g for g in v["tp8_all"]),
+                                             ", ".join("%.1f" % g for g in v["p50_all"])))
+        L.append("")
+        L.append("Datapath evidence over the measured repetitions (counter deltas, both nodes):")
+        L.append("")
+        for path, after in ev1.items():
+            before = ev0.get(path, {})
+            d = {k: after[k] - before.get(k, 0) for k in after}
+            L.append("- %s: %s" % (path, ", ".join("%s +%d" % kv for kv in sorted(d.items()) if kv[1])
+                                   or "no counter moved"))
+        L.append("")
+        L.append("(4) is enrolled like (2)/(3) (the proxy holds its listeners in the pod netns via "
+                 "ZDS, the workload map gives its identity), then its tc filters are deleted and "
+                 "iptables nat OUTPUT → 15001 / PREROUTING → 15006 (not 15008, not mark 0x%x) plus "
+                 "mangle CONNMARK and `ip rule fwmark 0x%x lookup %d` (local 0/0 dev lo) take "
+                 "over, as istio-cni's in-pod rules do. Client, proxies and server share this "
+                 "machine's %d CPUs with whatever else runs: compare rows of one run only." % (
+                     SM_MARK_PROXY, SM_MARK_LOCAL_HOP, IPT_ROUTE_TABLE, os.cpu_count()))
+        for n in self.notes:
+            L.append(n)
+        text = "\n".join(L) + "\n"
+        raw = {"options": {k: v for k, v in vars(o).items()}, "results": res, "summary": s,
+               "rss_kib": rss, "evidence_before": ev0, "evidence_after": ev1}
+        return text, raw, s
+
+    def chart(self, s, png):
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError as e:
+            self.notes.append("(No chart: matplotlib is missing: %s; scripts/setup installs "
+                              "python3-matplotlib.)" % e)
+            return None
+        o = self.o
+        topos = [t for t in TOPOLOGIES if any(x.topo == t[0] for x in self.combos)]
+        paths = [p for p in PATHS if any(x.path == p[0] for x in self.combos)]
+        colours = {"nomesh": "#8c8c8c", "bypass": "#2ca02c", "nobypass": "#1f77b4",
+                   "iptables": "#d62728"}
+        panels = [("tp1", "1 stream, Gbit/s (higher is better)"),
+                  ("tp8", "%d streams, Gbit/s (higher is better)" % o.streams),
+                  ("cpu_per_gb", "CPU s per GB moved (cgroup tree)"),
+                  ("p50", "1 KiB round trip p50, µs"),
+                  ("p99", "1 KiB round trip p99, µs"),
+                  ("rss", "node proxies' RSS after the run, MiB")]
+        fig, axes = plt.subplots(2, 3, figsize=(14, 8))
+        width = 0.8 / max(1, len(paths))
+        for ax, (field, title) in zip(axes.flat, panels):
+            if field == "rss":
+                # One figure per cluster (the two proxies of the path), not per topology.
+                ks = [p for p in paths if any(v["path"] == p[0] and v["rss_mib"] is not None
+                                              for v in s.values())]
+                vals = [next(v["rss_mib"] for v in s.values() if v["path"] == k)
+                        for k, _ in ks]
+                ax.bar(range(len(ks)), vals, 0.6, color=[colours[k] for k, _ in ks])
+                ax.set_xticks(range(len(ks)))
+                ax.set_xticklabels([lbl.split(" ", 1)[0] for _, lbl in ks])
+            else:
+                for i, (pk, plabel) in enumerate(paths):
+                    xs, ys = [], []
+                    for j, (tk, _) in enumerate(topos):
+                        v = s.get("%s/%s" % (pk, tk))
+                        if v is not None:
+                            xs.append(j + (i - (len(paths) - 1) / 2.0) * width)
+                            ys.append(v[field])
+                    ax.bar(xs, ys, width, label=plabel, color=colours[pk])
+                    for x_, y_ in zip(xs, ys):
+                        ax.annotate("%.0f" % y_ if y_ >= 100 else "%.3g" % y_, (x_, y_),
+                                    ha="center", va="bottom", fontsize=7)
+                ax.set_xticks(range(len(topos)))
+                ax.set_xticklabels([t[1] for t in topos])
+            ax.set_title(title, fontsize=10)
+            ax.grid(axis="y", alpha=0.3)
+        handles, labels = axes.flat[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=len(paths), fontsize=9,
+                   frameon=False)
+        fig.suptitle("sockmesh pod → pod on a simulated two-node cluster, %s (%s run, medians of "
+                     "%d, paths interleaved)" % (datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+                                                 "quick" if o.quick else "full", o.reps),
+                     fontsize=11)
+        fig.tight_layout(rect=(0, 0.05, 1, 1))
+        fig.savefig(png, dpi=100)
+        plt.close(fig)
+        return png
+
+    def run(self):
+        self.load_start = os.getloadavg()[0]
+        try:
+            self.setup()
+            log("%d combinations: %s" % (len(self.combos), ", ".join(x.key for x in self.combos)))
+            res, ev0, ev1, rss = self.measure()
+        except self.lib.ClusterError as e:
+            raise BenchError(str(e))
+        text, raw, s = self.report(res, ev0, ev1, rss)
+        png = os.path.splitext(self.o.out)[0] + ".png"
+        os.makedirs(os.path.dirname(png), exist_ok=True)
+        if self.chart(s, png):
+            text += "\nChart: %s\n" % os.path.relpath(png, ROOT)
+            log("chart written to %s" % png)
+        else:
+            text += "\n" + "\n".join(self.notes[-1:]) + "\n"
+        return text, raw
+
+    def cleanup(self):
+        for c in reversed(self.made):
+            try:
+                c.close()
+            except Exception as e:  # noqa: BLE001 - keep closing the others
+                log("cleanup of cluster %s: %s" % (c.id, e))
+        self.made = []
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build-dir", default=os.environ.get("SOCKMESH_BUILD_DIR",
+                                                          os.path.join(ROOT, "build")))
+    ap.add_argument("--quick", action="store_true", help="smaller transfers and fewer round trips (about 2 min)")
+    ap.add_argument("--reps", type=int, help="repetitions (default 3)")
+    ap.add_argument("--iters", type=int, help="1 KiB round trips per repetition")
+    ap.add_argument("--stream-mib", type=int, help="MiB for the 1-stream run (8 streams: twice)")
+    ap.add_argument("--paths", default="nomesh,bypass,nobypass,iptables",
+                    help="comma list of: nomesh, bypass, nobypass, iptables")
+    ap.add_argument("--topologies", default="cross,same", help="comma list of: cross, same")
+    ap.add_argument("--out", help="Markdown file (default bench/results/cluster-<time>.md)")
+    ap.add_argument("--max-seconds", type=int, help="time budget of the whole run")
+    o = ap.parse_args(argv)
+    o.paths = [p for p in o.paths.split(",") if p]
+    o.topologies = [t for t in o.topologies.split(",") if t]
+    for p in o.paths:
+        if p not in dict(PATHS):
+            ap.error("unknown path %s" % p)
+    for t in o.topologies:
+        if t not in dict(TOPOLOGIES):
+            ap.error("unknown topology %s" % t)
+    o.reps = o.reps or 3
+    o.iters = o.iters or (2000 if o.quick else 5000)
+    o.pp_warmup = 200 if o.quick else 500
+    mib = o.stream_mib or (128 if o.quick else 512)
+    o.tp1_bytes, o.tp8_bytes = mib * MiB, 2 * mib * MiB
+    o.streams = 8
+    o.warmup_bytes = 16 * MiB
+    o.op_timeout = 60 if o.quick else 120
+    o.max_seconds = o.max_seconds or (300 if o.quick else 1500)
+    if not o.out:
+        o.out = os.path.join(ROOT, "bench", "results", "cluster-%s.md" %
+                             datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    return o
+
+
+def main(argv):
+    o = parse_args(argv)
+    if os.geteuid() != 0:
+        log("needs root (network namespaces, CNI, BPF, cgroups, iptables)")
+        return 1
+    # scripts/lib/cluster.py finds the binaries through this.
+    os.environ["SOCKMESH_BUILD_DIR"] = os.path.abspath(o.build_dir)
+    return run_bench(lambda: ClusterBench(o), o.out, "cluster benchmark")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
