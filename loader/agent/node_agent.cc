@@ -99,6 +99,16 @@ maps::Status NodeAgent::start() {
     SM_INFO("agent") << "adopted enrolled pod " << uid << " found in " << found.path;
     pods_[uid] = std::move(record);
   }
+  // Enrolling again is idempotent, and attaches the tc programs pinned now: after an upgrade
+  // that changed them, pods enrolled by the old agent move to the new programs (the filter is
+  // replaced in place; the flows in the maps stay, so live connections carry on).
+  for (auto& [uid, record] : pods_) {
+    if (!record.enrolled) continue;
+    if (auto s = enroller_->enroll(record, options_.trust_domain); !s) {
+      SM_WARN("agent") << "re-applying the enrollment of " << record.who() << ": "
+                       << s.error().message;
+    }
+  }
   save_locked();
 
   if (handoff_) {

@@ -404,7 +404,7 @@ class Node:
         wait_until("%s's proxy to be ready (ZDS snapshot from its agent)" % self.name, ready,
                    timeout)
 
-    def start_agent(self, wait=True):
+    def start_agent(self, wait=True, extra=()):
         if self.agent:
             self.agent.stop(signal.SIGKILL)
         self.agent_runs += 1
@@ -415,6 +415,7 @@ class Node:
                 "--zds-socket", self.zds_socket, "--cgroup", self.cgroup]
         if not c.bypass:
             argv.append("--no-bypass")
+        argv += list(extra)
         self.agent = Process("agent", argv, netns=self.netns_path,
                              log_path=os.path.join(self.dir, "agent-%d.log" % self.agent_runs),
                              tie_to_parent=not c.keep)

@@ -2,6 +2,7 @@
 """End to end on two simulated nodes, when things stop: the proxy drained by SIGTERM and
 restarted, the proxy killed mid-transfer, the node agent restarted under load, and a node whose
 proxy is down. Topology: cluster.demo_topology; the proxies' drain deadline is 3 s."""
+import re
 import signal
 import time
 
@@ -93,6 +94,37 @@ class Failures(ClusterCase):
         self.assert_fresh_traffic_flows()
         self.assertEqual(self.counter(self.a, "captured_outbound") - captured, 2,
                          "tc capture kept working across the restart")
+
+    def tc_program_ids(self, pod):
+        out = pod.sh(["tc", "filter", "show", "dev", "eth0", "ingress"])
+        return set(re.findall(r"(?:\bid |:\[)(\d+)", out))  # "id N" or "name:[N]" by tc version
+
+    def pinned_program_id(self, node, name):
+        m = re.search(r"program %s: id (\d+)" % name, node.loader("status"))
+        self.assertIsNotNone(m, "status shows no %s" % name)
+        return m.group(1)
+
+    def test_upgrading_the_node_agent_moves_running_pods_to_the_new_tc_programs(self):
+        # An "upgrade" whose tc programs differ: the agent restarted with --fail-open (a knob
+        # compiled into the programs), while connections stream through node-a's pods.
+        old = self.pinned_program_id(self.a, "sm_tc_ingress")
+        self.assertEqual(self.tc_program_ids(self.client), {old})
+        streams = [self.stream(self.client, "s1", "%s:80" % ECHO_VIP, 4.0),
+                   self.stream(self.pods["legacy-b"], "s2", "%s:%d" % (self.pods["echo-a"].ip,
+                                                                       APP_PORT), 4.0)]
+        self.wait_streaming(self.pods["echo-b"], self.client)
+        self.wait_streaming(self.pods["echo-a"], self.pods["legacy-b"])
+        self.assertEqual(self.a.agent.stop(signal.SIGTERM), 0)
+        self.a.start_agent(extra=["--fail-open"])
+        new = self.pinned_program_id(self.a, "sm_tc_ingress")
+        self.assertNotEqual(new, old, "the upgrade did not change the tc program")
+        for name in ("client", "echo-a"):
+            self.assertEqual(self.tc_program_ids(self.pods[name]), {new},
+                             "%s still runs the old tc program" % name)
+        for s in streams:
+            r = self.report_of(s, 20)
+            self.assertTrue(r["ok"], "%s broke across the upgrade: %s" % (s.name, r))
+        self.assert_fresh_traffic_flows()
 
     def test_a_node_whose_proxy_is_down_gives_the_other_nodes_pods_a_fast_clear_failure(self):
         self.talk(self.client, "%s:80" % ECHO_VIP, 4096)
