@@ -8,7 +8,8 @@
  * outbound listener (15001); later packets find the proxy's accepted socket by the usual lookup.
  *
  * Inbound: a SYN from the wire to any port but the proxy's own is assigned to the proxy's inbound
- * plaintext listener (15006). HBONE (15008) and known flows pass untouched.
+ * plaintext listener (15006). HBONE (15008), known flows and SYNs from the node's own addresses
+ * (sm_node_addrs: the kubelet's probes) pass untouched.
  *
  * Counters: each program run counts exactly one decision (see enum sm_counter). */
 #include "lib/packet.h"
@@ -147,6 +148,12 @@ static __always_inline int sm_ingress_from_wire(struct __sk_buff* skb, struct sm
   /* The app's own listener is found here too; it is a listener, so the flow is new. */
   if (sm_flow_is_known(sm_known_socket_state(skb, pkt))) {
     sm_count(SM_CNT_PASSED);
+    return SM_TC_ACT_OK;
+  }
+  /* From the node itself (the kubelet's probes): straight to the app. */
+  __u32* node = bpf_map_lookup_elem(&sm_node_addrs, &pkt->src);
+  if (node && (*node & SM_NODE_ADDR_EXEMPT)) {
+    sm_count(SM_CNT_NODE_EXEMPT);
     return SM_TC_ACT_OK;
   }
   return sm_assign_to_listener(skb, &pkt->dst, SM_LISTENER_INBOUND_PLAIN, SM_CNT_CAPTURED_INBOUND);

@@ -44,13 +44,15 @@ commands:
   run         [--run-dir DIR] [--labels-from kubernetes|config|auto] [--config FILE]
               [--kubeconfig FILE] [--node NAME] [--exclude-namespaces NS,...]
               [--trust-domain TD] [--zds-socket PATH] [--no-install] [--cgroup DIR]
-              [--no-bypass] [--fail-open]
+              [--no-bypass] [--fail-open] [--capture-node-traffic]
               the node agent: installs the datapath (unless --no-install), then enrolls pods as
               the sockmesh-cni plugin reports them (socket <run dir, default /var/run/sockmesh>/
               cni.sock) and as namespace labels change (istio.io/dataplane-mode=ambient), from the
               Kubernetes API (in-cluster, or --kubeconfig) or the local config file (--config; the
               embedded default without it). Hands enrolled pods to the proxy at --zds-socket.
               Runs until SIGTERM/SIGINT; a restarted agent adopts what it enrolled.
+              Connections from the node's own addresses (the kubelet's probes) reach pods
+              uncaptured; --capture-node-traffic captures them like any other.
 )";
 
 struct Args {
@@ -75,7 +77,8 @@ struct Args {
 };
 
 const std::vector<std::string> kFlagOptions = {"--no-bypass",          "--fail-open",  "--force",
-                                               "--no-capture-inbound", "--no-install", "--help"};
+                                               "--no-capture-inbound", "--no-install", "--help",
+                                               "--capture-node-traffic"};
 
 bool parse_args(int argc, char** argv, Args* out, std::string* error) {
   for (int i = 1; i < argc; ++i) {
@@ -205,6 +208,7 @@ int run_agent(const std::string& root, const Args& args) {
   options.install.bypass = !args.flag("--no-bypass");
   options.install.fail_open = args.flag("--fail-open");
   options.skip_install = args.flag("--no-install");
+  options.exempt_node_addresses = !args.flag("--capture-node-traffic");
   options.run_dir = args.value("--run-dir", options.run_dir);
   options.labels_from = args.value("--labels-from", options.labels_from);
   options.config_path = args.value("--config");

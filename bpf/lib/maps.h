@@ -25,6 +25,16 @@ struct {
   __uint(pinning, LIBBPF_PIN_BY_NAME);
 } sm_listeners SEC(".maps");
 
+/* The node's own addresses (the node agent writes them): inbound SYNs from them are not
+ * captured. */
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, SM_MAX_NODE_ADDRS);
+  __type(key, struct sm_ip);
+  __type(value, __u32);
+  __uint(pinning, LIBBPF_PIN_BY_NAME);
+} sm_node_addrs SEC(".maps");
+
 /* Per-CPU counters indexed by enum sm_counter. */
 struct {
   __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

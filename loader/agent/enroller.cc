@@ -12,6 +12,7 @@
 #include "base/log.h"
 #include "loader/attach/netns.h"
 #include "loader/attach/pod.h"
+#include "loader/maps/node_addrs.h"
 
 namespace sockmesh::agent {
 namespace {
@@ -61,7 +62,38 @@ maps::Status LoaderEnroller::enroll(const PodRecord& pod, const std::string& tru
     }
     return report.error();
   }
+  refresh_node_addresses();
   return {};
+}
+
+void LoaderEnroller::refresh_node_addresses() {
+  if (!options_.exempt_node_addresses) return;
+  // Only from the node's own netns (this thread may have visited a pod's).
+  struct stat st {};
+  if (stat("/proc/thread-self/ns/net", &st) != 0 || st.st_dev != host_dev_ ||
+      st.st_ino != host_ino_) {
+    return;
+  }
+  auto addresses = maps::own_addresses();
+  if (!addresses) {
+    SM_WARN("agent") << "listing the node's addresses: " << addresses.error().message;
+    return;
+  }
+  auto map = maps::NodeAddrMap::open(options_.pin_root);
+  if (!map) {
+    SM_WARN("agent") << "node addresses not exempt from capture: " << map.error().message;
+    return;
+  }
+  auto changed = map->replace(*addresses);
+  if (!changed) {
+    SM_WARN("agent") << "updating the node addresses: " << changed.error().message;
+  } else if (*changed != 0) {
+    std::string list;
+    for (const auto& ip : *addresses) list += (list.empty() ? "" : " ") + ip.to_string();
+    SM_INFO("agent") << "inbound connections from the node's addresses reach pods uncaptured "
+                        "(kubelet probes): "
+                     << list;
+  }
 }
 
 maps::Status LoaderEnroller::unenroll(const PodRecord& pod) {

@@ -51,6 +51,9 @@ struct LoaderEnrollerOptions {
   std::string host_netns = "/proc/self/ns/net";
   // Where runtimes bind-mount pod namespaces (containerd, CRI-O: /var/run/netns/cni-...).
   std::vector<std::string> netns_dirs = {"/run/netns", "/var/run/netns"};
+  // Keep SM_MAP_NODE_ADDRS equal to the node's addresses, so that connections from the node
+  // (the kubelet's probes) reach pods uncaptured. Off: they are captured like any other.
+  bool exempt_node_addresses = true;
   std::string proc_root = "/proc";
 };
 
@@ -65,6 +68,10 @@ class LoaderEnroller : public Enroller {
   bool netns_exists(const std::string& path) override;
   bool is_host_netns(const std::string& path) override;
   FoundNetns find_netns(uint64_t cookie, uint32_t ifindex) override;
+
+  // Writes the node's current addresses into SM_MAP_NODE_ADDRS (when exempt_node_addresses; a
+  // pod's first ADD may have just created the bridge and its address). Logs what changed.
+  void refresh_node_addresses();
 
  private:
   LoaderEnrollerOptions options_;

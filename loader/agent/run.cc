@@ -91,7 +91,10 @@ int run_agent(const RunOptions& options, std::unique_ptr<WorkloadHandoff> handof
   auto source = make_source(options, &error);
   if (!source) return fail(error);
 
-  LoaderEnroller enroller(LoaderEnrollerOptions{options.install.pin_root});
+  LoaderEnrollerOptions enroller_options{options.install.pin_root};
+  enroller_options.exempt_node_addresses = options.exempt_node_addresses;
+  LoaderEnroller enroller(enroller_options);
+  enroller.refresh_node_addresses();
   ProcPodNetnsFinder finder;
   AgentOptions agent_options;
   agent_options.excluded_namespaces = options.excluded_namespaces;

@@ -29,6 +29,7 @@ constexpr CounterInfo kCounters[] = {
     {"bypass_pinned", "sends kept on the stack path after an earlier miss"},
     {"sockops_inserted", "sockets added to the bypass SOCKHASH"},
     {"sockops_insert_failed", "sockets the kernel refused to add to the bypass SOCKHASH"},
+    {"node_exempt", "inbound SYNs from the node's own addresses (kubelet probes), not captured"},
 };
 static_assert(std::size(kCounters) == SM_CNT_COUNT, "name every enum sm_counter value");
 

@@ -32,7 +32,7 @@ TEST(Abi, CAndCppAgreeOnEveryLayout) {
 
 TEST(Abi, MapNamesFitTheKernelLimit) {
   for (const char* name : {SM_MAP_WORKLOADS, SM_MAP_LISTENERS, SM_MAP_COUNTERS, SM_MAP_BYPASS,
-                           SM_MAP_STACK_FLOWS, SM_MAP_AWAIT_PEER}) {
+                           SM_MAP_STACK_FLOWS, SM_MAP_AWAIT_PEER, SM_MAP_NODE_ADDRS}) {
     EXPECT_LE(std::strlen(name), 15u) << name;
   }
 }

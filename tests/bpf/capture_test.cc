@@ -30,6 +30,7 @@
 #include "loader/attach/skeleton.h"
 #include "loader/maps/counters.h"
 #include "loader/maps/listener_map.h"
+#include "loader/maps/node_addrs.h"
 #include "loader/maps/unique_fd.h"
 #include "loader/maps/workload_map.h"
 #include "sockmesh/consts.h"
@@ -106,7 +107,7 @@ class CaptureTest : public ::testing::Test {
     listeners_.reset();
     counters_.reset();
     for (const char* m : {SM_MAP_WORKLOADS, SM_MAP_LISTENERS, SM_MAP_COUNTERS, SM_MAP_BYPASS,
-                          SM_MAP_STACK_FLOWS, SM_MAP_AWAIT_PEER}) {
+                          SM_MAP_STACK_FLOWS, SM_MAP_AWAIT_PEER, SM_MAP_NODE_ADDRS}) {
       unlink((root_ + "/" + m).c_str());
     }
     rmdir(root_.c_str());
@@ -325,6 +326,27 @@ TEST_F(CaptureTest, IngressAssignsInboundSynToAnAppPortToTheInboundPlainListener
   // The app's own listener on the port: a listener is not a known flow, so it is captured.
   UniqueFd app = tcp_listener("127.0.0.2");
   Endpoint app_ep = local_endpoint(app.get());
+  expect_assign_attempted(ingress(tcp_frame(ep("10.9.0.1:5555"), app_ep, kSyn)));
+}
+
+TEST_F(CaptureTest, InboundSynFromTheNodesOwnAddressIsNotCaptured) {
+  enroll("127.0.0.2");
+  UniqueFd proxy = register_listener("127.0.0.2", ListenerKind::kInboundPlain);
+  UniqueFd app = tcp_listener("127.0.0.2");
+  Endpoint app_ep = local_endpoint(app.get());
+  auto nodes = maps::NodeAddrMap::open(root_);
+  ASSERT_TRUE(nodes) << nodes.error().message;
+  ASSERT_TRUE(nodes->replace({ip("10.9.0.1"), ip("fd00::1")}));
+  // The kubelet's probe from the node: straight to the app, counted.
+  auto r = ingress(tcp_frame(ep("10.9.0.1:5555"), app_ep, kSyn));
+  EXPECT_EQ(r.verdict, TC_ACT_OK);
+  EXPECT_EQ(moved(), (Counts{{"node_exempt", 1}}));
+  // Anyone else is captured as before.
+  expect_assign_attempted(ingress(tcp_frame(ep("10.9.0.7:5555"), app_ep, kSyn)));
+  // And once the address leaves the set, so is the node.
+  auto changed = nodes->replace({ip("fd00::1")});
+  ASSERT_TRUE(changed);
+  EXPECT_EQ(*changed, 1u);
   expect_assign_attempted(ingress(tcp_frame(ep("10.9.0.1:5555"), app_ep, kSyn)));
 }
 

@@ -163,6 +163,29 @@ class Flows(ClusterCase):
                         [ln for ln in self.a.proxy.log().splitlines()
                          if "deny-legacy-b" in ln], "no log line names the denying policy")
 
+    def test_probes_from_the_node_reach_the_app_uncaptured_even_when_policy_denies_all(self):
+        import json
+        import cluster
+        echo_a, legacy = self.pods["echo-a"], self.pods["legacy-b"]
+        # Only sa/nobody may talk to shop's pods: every captured connection is refused.
+        self.cluster.set_policies([{"name": "only-nobody", "namespace": "shop",
+                                    "scope": "Namespace", "action": "Allow", "rules": [[[
+                                        {"principals": ["cluster.local/ns/shop/sa/nobody"]}]]]}])
+        r = legacy.client("%s:%d" % (echo_a.ip, APP_PORT), "--bytes", 4096, "--timeout", 5)
+        self.assertFalse(r["ok"], "the policy did not refuse captured traffic: %s" % r)
+        captured = self.counter(self.a, "captured_inbound")
+        exempt = self.counter(self.a, "node_exempt")
+        # The kubelet's probe: from node-a's own address on the pods' bridge.
+        out = self.a.sh([cluster.PYTHON, cluster.PODAPP, "client", "--target",
+                         "%s:%d" % (echo_a.ip, APP_PORT), "--bytes", "1024", "--timeout", "5"],
+                        check=False)
+        probe = json.loads(out.strip().splitlines()[-1])
+        self.assertTrue(probe["ok"], "the probe from the node failed: %s" % probe)
+        self.assertEqual(probe["seen_as"], [self.a.gateway], "the app sees the node's address")
+        self.assertEqual(self.counter(self.a, "node_exempt") - exempt, 1)
+        self.assertEqual(self.counter(self.a, "captured_inbound"), captured)
+        self.assertIn("reach pods uncaptured", self.a.agent.log())
+
     def test_500_concurrent_connections_across_nodes_each_intact(self):
         opened = metric_value(self.b.metrics(), "istio_tcp_connections_opened_total",
                               reporter="destination")

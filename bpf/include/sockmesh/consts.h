@@ -43,6 +43,7 @@
 #define SM_MAX_BYPASS_SOCKETS 65536
 #define SM_MAX_STACK_FLOWS 16384
 #define SM_MAX_AWAIT_PEER 4096
+#define SM_MAX_NODE_ADDRS 256
 
 /* Map names: BPF object names (at most 15 characters) and the file names under the pin root. */
 #define SM_MAP_WORKLOADS "sm_workloads"
@@ -51,6 +52,7 @@
 #define SM_MAP_BYPASS "sm_bypass"
 #define SM_MAP_STACK_FLOWS "sm_stack_flows"
 #define SM_MAP_AWAIT_PEER "sm_await_peer"
+#define SM_MAP_NODE_ADDRS "sm_node_addrs"
 
 /* Default pin root; programs and links are pinned in subdirectories of it. */
 #define SM_PIN_ROOT_DEFAULT "/sys/fs/bpf/sockmesh"

@@ -57,6 +57,11 @@ struct sm_flow_key {
   __u16 remote_port;
 };
 
+/* SM_MAP_NODE_ADDRS: the node's own addresses (key struct sm_ip, value __u32 SM_NODE_ADDR_*).
+ * Inbound connections from them (the kubelet's probes) reach the app uncaptured, as Istio exempts
+ * probes, so that mesh policy does not fail a pod's health checks. */
+#define SM_NODE_ADDR_EXEMPT 1u
+
 /* Indexes into SM_MAP_COUNTERS (a per-CPU array of __u64). Names for humans are in
  * sm_counter_names() of loader/maps/counters.h; add both together. */
 enum sm_counter {
@@ -74,6 +79,7 @@ enum sm_counter {
   SM_CNT_BYPASS_PINNED,         /* sendmsg kept on the stack path because an earlier one missed */
   SM_CNT_SOCKOPS_INSERTED,      /* sockets added to the bypass SOCKHASH */
   SM_CNT_SOCKOPS_INSERT_FAILED, /* sockets the kernel refused to add */
+  SM_CNT_NODE_EXEMPT,           /* inbound SYNs from the node's own addresses, not captured */
   SM_CNT_COUNT,
 };
 

@@ -1,0 +1,87 @@
+#include "loader/maps/node_addrs.h"
+
+#include <arpa/inet.h>
+#include <bpf/bpf.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+
+#include <cstring>
+
+#include "loader/maps/workload_map.h"
+#include "sockmesh/maps.h"
+
+namespace sockmesh::maps {
+namespace {
+
+constexpr MapShape kNodeAddrShape{BPF_MAP_TYPE_HASH, sizeof(sm_ip), sizeof(uint32_t)};
+
+}  // namespace
+
+Result<NodeAddrMap> NodeAddrMap::open(const std::string& pin_root) {
+  auto map = PinnedMap::open(pin_root, SM_MAP_NODE_ADDRS, Access::kReadWrite, kNodeAddrShape);
+  if (!map) return map.error();
+  return NodeAddrMap(std::move(map).value());
+}
+
+Result<std::set<IpAddress>> NodeAddrMap::list() const {
+  std::set<IpAddress> out;
+  sm_ip key{};
+  sm_ip next{};
+  const void* prev = nullptr;
+  while (true) {
+    int err = map_.next_key(prev, &next);
+    if (err == -ENOENT) break;
+    if (err != 0) return Error::from_errno(-err, "listing " + map_.path());
+    out.insert(from_kernel(next));
+    key = next;
+    prev = &key;
+  }
+  return out;
+}
+
+Result<size_t> NodeAddrMap::replace(const std::set<IpAddress>& addresses) {
+  auto current = list();
+  if (!current) return current.error();
+  size_t changed = 0;
+  for (const auto& ip : *current) {
+    if (addresses.count(ip) != 0) continue;
+    sm_ip key = to_kernel(ip);
+    if (int err = map_.remove(&key); err != 0 && err != -ENOENT) {
+      return Error::from_errno(-err, "removing " + ip.to_string() + " from " + map_.path());
+    }
+    ++changed;
+  }
+  for (const auto& ip : addresses) {
+    if (current->count(ip) != 0) continue;
+    sm_ip key = to_kernel(ip);
+    uint32_t value = SM_NODE_ADDR_EXEMPT;
+    if (int err = map_.update(&key, &value, BPF_ANY); err != 0) {
+      return Error::from_errno(-err, "adding " + ip.to_string() + " to " + map_.path());
+    }
+    ++changed;
+  }
+  return changed;
+}
+
+Result<std::set<IpAddress>> own_addresses() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return Error::from_errno(errno, "getifaddrs");
+  std::set<IpAddress> out;
+  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr) continue;
+    if (a->ifa_addr->sa_family == AF_INET) {
+      const auto* sin = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
+      out.insert(IpAddress::v4(ntohl(sin->sin_addr.s_addr)));
+    } else if (a->ifa_addr->sa_family == AF_INET6) {
+      const auto* sin6 = reinterpret_cast<const sockaddr_in6*>(a->ifa_addr);
+      if (IN6_IS_ADDR_LINKLOCAL(&sin6->sin6_addr)) continue;  // not a probe source here
+      std::array<uint8_t, 16> b{};
+      std::memcpy(b.data(), &sin6->sin6_addr, 16);
+      out.insert(IpAddress::from_bytes16(b));
+    }
+  }
+  freeifaddrs(list);
+  return out;
+}
+
+}  // namespace sockmesh::maps
