@@ -6,10 +6,12 @@ import ssl
 import sys
 import time
 import unittest
+import urllib.error
 
 sys.path.insert(0, os.path.dirname(__file__))
 import harness  # noqa: E402
-from harness import TwoNodeMesh, EchoServer, transfer_and_check, wait_until  # noqa: E402
+from harness import (TwoNodeMesh, EchoServer, http_get, http_post, transfer_and_check,  # noqa: E402
+                     wait_until)
 
 DENY_CLIENT = """- name: deny-client
   namespace: default
@@ -199,6 +201,20 @@ class ForeignCaTest(MeshTest):
         cert, key = harness.issue_leaf(self.mesh.tmp.path, "otherdomain", ca_cert, ca_key,
                                        "spiffe://evil.example/ns/default/sa/client")
         self.assert_client_rejected(cert, key, "outside trust domain cluster.local")
+
+
+class AdminTest(MeshTest):
+    def test_logging_applies_the_default_first_and_all_or_nothing(self):
+        base = "http://%s:15000/logging" % self.mesh.a.admin_ip
+        status, body = http_post(base + "?access=warn&level=debug")
+        self.assertEqual(status, 200)
+        self.assertIn("default=debug", body)
+        self.assertIn("access=warn", body, "the default must not reset a scope set with it")
+        with self.assertRaises(urllib.error.HTTPError) as refused:
+            http_post(base + "?access=error&pool=loud")
+        self.assertEqual(refused.exception.code, 400)
+        self.assertIn("nothing was changed", refused.exception.read().decode())
+        self.assertIn("access=warn", http_get(base)[1], "a refused request changed a level")
 
 
 class DrainTest(MeshTest):

@@ -157,19 +157,30 @@ void add_admin_routes(observe::HttpServer& server, const AdminSources& s) {
   // GET shows the levels; POST ?level=debug sets all, ?tls=debug sets one scope.
   server.route("/logging", [](const observe::HttpRequest& r) {
     if (r.method == "POST" || r.method == "PUT") {
+      // All or nothing: every value is checked before any is applied; `level` (the default,
+      // which resets the scopes) goes first, so `?access=warn&level=info` keeps access=warn.
+      std::vector<std::pair<std::string, log::Level>> changes;
       for (const auto& [k, v] : r.query) {
         log::Level level;
         if (!log::parse_level(v, &level)) {
           return observe::HttpResponse{400, "text/plain; charset=utf-8",
-                                       "unknown level '" + v +
-                                           "'; use trace, debug, info, warn, error or off\n"};
+                                       "unknown level '" + v + "' for '" + k +
+                                           "'; use trace, debug, info, warn, error or off; "
+                                           "nothing was changed\n"};
         }
+        if (k == "level") {
+          changes.insert(changes.begin(), {k, level});
+        } else {
+          changes.emplace_back(k, level);
+        }
+      }
+      for (const auto& [k, level] : changes) {
         if (k == "level") {
           log::set_level(level);
         } else {
           log::set_level(k, level);
         }
-        SM_INFO("admin") << "log level changed: " << k << "=" << v;
+        SM_INFO("admin") << "log level changed: " << k << "=" << r.query.at(k);
       }
     }
     return observe::HttpResponse{200, "text/plain; charset=utf-8",
