@@ -56,6 +56,16 @@ Result<PinnedMap> PinnedMap::open(const std::string& pin_root, const std::string
   return map;
 }
 
+bool PinnedMap::still_pinned() const {
+  LIBBPF_OPTS(bpf_obj_get_opts, opts);
+  opts.file_flags = BPF_F_RDONLY;
+  UniqueFd fd(bpf_obj_get_opts(path_.c_str(), &opts));
+  if (!fd) return false;
+  bpf_map_info info{};
+  uint32_t len = sizeof(info);
+  return bpf_obj_get_info_by_fd(fd.get(), &info, &len) == 0 && info.id == id_;
+}
+
 int PinnedMap::lookup(const void* key, void* value) const {
   return bpf_map_lookup_elem(fd_.get(), key, value) == 0 ? 0 : -errno;
 }

@@ -30,6 +30,9 @@ class PinnedMap {
   const std::string& path() const { return path_; }
   uint32_t id() const { return id_; }
   uint32_t max_entries() const { return max_entries_; }
+  // Whether the pin still names this map (false once the loader uninstalled, or recreated the
+  // maps under the same root: the open descriptor then points to a map nobody uses).
+  bool still_pinned() const;
 
   // Raw element access; `errno`-style results (0, or a negative errno).
   int lookup(const void* key, void* value) const;

@@ -126,6 +126,24 @@ class Failures(ClusterCase):
             self.assertTrue(r["ok"], "%s broke across the upgrade: %s" % (s.name, r))
         self.assert_fresh_traffic_flows()
 
+    def test_a_reinstall_that_recreates_the_maps_is_followed_by_the_running_proxy(self):
+        # An upgrade that changes the maps' layout: the agent stopped, everything uninstalled
+        # (maps, programs, links; records gone), the agent started again. The proxy keeps
+        # running throughout and must move to the new maps.
+        self.talk(self.client, "%s:80" % ECHO_VIP, 4096)
+        self.assertEqual(self.a.agent.stop(signal.SIGTERM), 0)
+        self.a.loader("uninstall", "--force")
+        self.a.start_agent()
+        wait_until("node-a's agent to enroll its pods again",
+                   lambda: self.a.agent.log().count("enrolled running pod") >= 2, 15)
+        wait_until("node-a's proxy to re-register its pods' listeners",
+                   lambda: self.a.loader("status").count("outbound (15001)") >= 2, 15)
+        self.assertIn("was recreated by the loader", self.a.proxy.log())
+        self.assert_fresh_traffic_flows()
+        # The certificate of the pod's identity still comes from the (new) workload map.
+        self.assertTrue(self.access_lines(self.a, "direction=outbound",
+                                          "src.identity=%s" % self.client.identity))
+
     def test_a_node_whose_proxy_is_down_gives_the_other_nodes_pods_a_fast_clear_failure(self):
         self.talk(self.client, "%s:80" % ECHO_VIP, 4096)
         self.b.proxy.stop(signal.SIGKILL)

@@ -33,6 +33,18 @@ bool EnrolledWorkloads::available() {
 }
 
 bool EnrolledWorkloads::open_locked() {
+  if (reader_ && Clock::now() >= next_pin_check_) {
+    next_pin_check_ = Clock::now() + retry_;
+    if (!reader_->map().still_pinned()) {
+      // Recreated by the loader (reinstall, upgrade): read the new one from now on.
+      SM_WARN("proxy") << "workload map " << reader_->map().path()
+                       << " was recreated by the loader; opening the new one";
+      reader_.reset();
+      for (auto& [ip, cached] : by_ip_) retire_locked(std::move(cached.workload));
+      by_ip_.clear();
+      next_try_ = {};
+    }
+  }
   if (reader_) return true;
   if (pin_root_.empty() || Clock::now() < next_try_) return false;
   next_try_ = Clock::now() + retry_;

@@ -49,6 +49,7 @@ class EnrolledWorkloads {
   std::mutex mu_;
   std::optional<maps::WorkloadMapReader> reader_;
   Clock::time_point next_try_{};
+  Clock::time_point next_pin_check_{};  // is the open map still the pinned one?
   bool logged_missing_ = false;
   std::map<IpAddress, Cached> by_ip_;
   // Workloads replaced in the cache, kept alive a while for callers still holding the pointer.

@@ -239,8 +239,23 @@ std::optional<std::string> ZdsServer::listener_map(maps::ListenerMap** out) {
   return std::nullopt;
 }
 
+void ZdsServer::follow_recreated_listener_map() {
+  if (!listeners_map_ || listeners_map_->map().still_pinned()) return;
+  // The loader recreated its maps under our pin root (an uninstall and install, an upgrade that
+  // changed their layout): our registrations are in a map tc no longer reads. Close every pod's
+  // listeners; the agent re-adds its pods, and they get new listeners in the new map.
+  SM_WARN("zds") << "the listener map " << listeners_map_->map().path()
+                 << " was recreated by the loader; re-creating the listeners of " << pods_.size()
+                 << " pod(s) as the node agent adds them again";
+  std::vector<std::string> uids;
+  for (const auto& [uid, pod] : pods_) uids.push_back(uid);
+  listeners_map_.reset();
+  for (const auto& uid : uids) remove(uid, "the listener map was recreated");
+}
+
 std::string ZdsServer::add(const zds::AddWorkload& add, UniqueFd netns_fd) {
   if (add.uid.empty()) return "add without a uid";
+  follow_recreated_listener_map();
   std::string err;
   auto netns = net::Netns::adopt(netns_fd.release(), &err);
   if (!netns) return "pod " + add.uid + ": " + err;

@@ -75,6 +75,8 @@ class ZdsServer {
   std::string add(const zds::AddWorkload& add, maps::UniqueFd netns_fd);
   void remove(const std::string& uid, const std::string& why);
   std::optional<std::string> listener_map(maps::ListenerMap** out);
+  // When the pinned listener map is no longer the one we opened: forget it and every pod.
+  void follow_recreated_listener_map();
 
   Proxy& proxy_;
   const ZdsOptions options_;
