@@ -206,9 +206,10 @@ void HbonePool::failed(const PoolKey& key, const Failure& failure) {
 void HbonePool::shutdown_all() {
   shut_down_ = true;
   idle_timer_.cancel();
-  for (auto& [_, v] : conns_) {
-    for (auto& c : v) c->shutdown_gracefully();
-  }
+  // A connection may close at once, and its close handler edits conns_: not while iterating it.
+  std::vector<std::shared_ptr<h2::H2Connection>> all;
+  for (auto& [_, v] : conns_) all.insert(all.end(), v.begin(), v.end());
+  for (auto& c : all) c->shutdown_gracefully();
 }
 
 void HbonePool::arm_idle_sweep() {
@@ -225,15 +226,19 @@ void HbonePool::arm_idle_sweep() {
 
 void HbonePool::sweep_idle() {
   auto now = std::chrono::steady_clock::now();
+  // Collected first: a connection may close at once (its GOAWAY written straight away), and its
+  // close handler edits conns_.
+  std::vector<std::shared_ptr<h2::H2Connection>> idle;
   for (auto& [key, v] : conns_) {
     for (auto& c : v) {
       if (c->usable() && c->active_streams() == 0 &&
           now - c->idle_since() >= ctx_.config.pool_idle_timeout) {
         SM_DEBUG("pool") << "releasing idle connection " << key.to_string();
-        c->shutdown_gracefully();
+        idle.push_back(c);
       }
     }
   }
+  for (auto& c : idle) c->shutdown_gracefully();
 }
 
 }  // namespace sockmesh::proxy
