@@ -2,6 +2,7 @@
 // A byte buffer whose resize() does not zero the new bytes: buffers that a read() is about to
 // fill would otherwise be written twice.
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <vector>
@@ -26,5 +27,19 @@ struct DefaultInitAllocator : std::allocator<T> {
 };
 
 using Bytes = std::vector<uint8_t, DefaultInitAllocator<uint8_t>>;
+
+// Bytes' own range insert and range constructor go byte by byte (the allocator's construct() keeps
+// libstdc++ from using memmove): on the data path, use these, which copy with memcpy.
+inline void append(Bytes& b, const void* data, size_t len) {
+  if (len == 0) return;
+  size_t old = b.size();
+  b.resize(old + len);  // default-init: nothing written
+  std::memcpy(b.data() + old, data, len);
+}
+inline Bytes bytes_of(const void* data, size_t len) {
+  Bytes b;
+  append(b, data, len);
+  return b;
+}
 
 }  // namespace sockmesh

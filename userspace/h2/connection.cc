@@ -99,7 +99,7 @@ bool H2Stream::send(Bytes chunk) {
 }
 
 bool H2Stream::send(const uint8_t* data, size_t len) {
-  return send(Bytes(data, data + len));
+  return send(bytes_of(data, len));
 }
 
 bool H2Stream::above_high_watermark() {
@@ -366,7 +366,7 @@ void H2Connection::schedule_write() {
       return;
     }
     if (n == 0) break;
-    write_buf_.insert(write_buf_.end(), data, data + n);
+    append(write_buf_, data, static_cast<size_t>(n));
     if (closed_) return;  // a stream-close handler aborted the connection
   }
   if (write_buf_.empty()) {
@@ -548,7 +548,7 @@ int H2Connection::on_data_chunk(nghttp2_session*, uint8_t, int32_t stream_id, co
   if (stream != nullptr && self->role_ == Role::kServer && !stream->handlers_.on_data &&
       !stream->refused_) {
     // Not answered yet (the target is still being dialled): keep the bytes for the consumer.
-    stream->early_data_.emplace_back(data, data + len);
+    stream->early_data_.push_back(bytes_of(data, len));
     stream->early_bytes_ += len;
     return 0;
   }

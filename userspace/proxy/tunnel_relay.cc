@@ -111,7 +111,7 @@ void TunnelRelay::on_stream_data(const uint8_t* data, size_t len) {
       if (len == 0) return;
     }
   }
-  pending_.emplace_back(data, data + len);
+  pending_.push_back(bytes_of(data, len));
   write_socket();
 }
 
