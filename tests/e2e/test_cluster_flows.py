@@ -74,6 +74,10 @@ class Flows(ClusterCase):
         status = self.a.loader("status")
         self.assertIn(self.client.ip, status)
         self.assertNotIn(legacy_a.ip, status)
+        # The proxy's config dump shows the node's enrolled pods as the workload map has them.
+        enrolled = {w["ip"]: w for w in self.a.config_dump()["enrolledWorkloads"]}
+        self.assertEqual(sorted(enrolled), sorted([client.ip, echo_a.ip]))
+        self.assertEqual(enrolled[client.ip]["identity"], client.identity)
 
     def test_apps_see_the_client_pods_own_address_same_node_and_across_nodes(self):
         client = self.client

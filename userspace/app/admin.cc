@@ -6,6 +6,7 @@
 
 #include "base/log.h"
 #include "loader/maps/counters.h"
+#include "loader/maps/workload_map.h"
 
 namespace sockmesh::app {
 namespace {
@@ -147,6 +148,25 @@ std::string config_dump_json(const AdminSources& s) {
     out["listeners"] = listeners;
     out["activeConnections"] = s.proxy->active_connections();
   }
+  // The pods enrolled on this node, as the loader's workload map has them (the identity each
+  // one's certificate is issued for), whether or not the config file lists them.
+  if (!s.bpf_pin_root.empty() && s.bpf_pin_root != "off") {
+    if (auto map = maps::WorkloadMapReader::open(s.bpf_pin_root)) {
+      if (auto listed = map->list()) {
+        json enrolled = json::array();
+        for (const auto& [ip, r] : *listed) {
+          enrolled.push_back({{"ip", ip.to_string()},
+                              {"uid", r.uid},
+                              {"namespace", r.namespace_name},
+                              {"serviceAccount", r.service_account},
+                              {"identity", r.spiffe_id()},
+                              {"enrolled", r.enrolled},
+                              {"captureInbound", r.capture_inbound}});
+        }
+        out["enrolledWorkloads"] = enrolled;
+      }
+    }
+  }
   return out.dump(2) + "\n";
 }
 
@@ -154,7 +174,7 @@ void add_admin_routes(observe::HttpServer& server, const AdminSources& s) {
   server.route("/config_dump", [s](const observe::HttpRequest&) {
     return observe::HttpResponse{200, "application/json", config_dump_json(s)};
   });
-  // GET shows the levels; POST ?level=debug sets all, ?tls=debug sets one scope.
+  // GET shows the levels; POST ?level=debug sets all, ?access=debug sets one scope.
   server.route("/logging", [](const observe::HttpRequest& r) {
     if (r.method == "POST" || r.method == "PUT") {
       // All or nothing: every value is checked before any is applied; `level` (the default,

@@ -17,7 +17,7 @@ bool parse_level(std::string_view text, Level* out);
 void set_level(Level level);
 void set_level(std::string_view scope, Level level);
 Level level_of(std::string_view scope);
-// "scope=level" pairs currently set, the default first ("default=info,tls=debug").
+// "scope=level" pairs currently set, the default first ("default=info,access=debug").
 std::string describe_levels();
 
 bool enabled(std::string_view scope, Level level);
