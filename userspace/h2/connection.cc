@@ -1,7 +1,11 @@
 #include "h2/connection.h"
 
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <sys/socket.h>
+
 #include <boost/asio/post.hpp>
-#include <boost/asio/write.hpp>
+#include <cerrno>
 #include <cstring>
 
 #include "base/log.h"
@@ -10,9 +14,13 @@ namespace sockmesh::h2 {
 namespace {
 
 constexpr size_t kReadBufferBytes = 256 * 1024;
+// Frames are gathered up to this many bytes, then encrypted with one SSL_write and sent.
 constexpr size_t kWriteBatchBytes = 256 * 1024;
 // Our receive side accepts DATA frames this large, which cuts per-frame work for our own peers.
 constexpr uint32_t kMaxFrameSize = 256 * 1024;
+// Batches one connection moves before it lets the other handlers of its thread run.
+constexpr int kReadRounds = 4;
+constexpr int kWriteRounds = 4;
 
 nghttp2_nv make_nv(const std::string& name, const std::string& value) {
   return nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(name.data())),
@@ -20,9 +28,21 @@ nghttp2_nv make_nv(const std::string& name, const std::string& value) {
                     value.size(), NGHTTP2_NV_FLAG_NONE};
 }
 
-ssize_t data_source_read(nghttp2_session*, int32_t, uint8_t* buf, size_t length,
+ssize_t data_source_read(nghttp2_session*, int32_t, uint8_t*, size_t length,
                          uint32_t* data_flags, nghttp2_data_source* source, void*) {
-  return static_cast<H2Stream*>(source->ptr)->read_for_send(buf, length, data_flags);
+  return static_cast<H2Stream*>(source->ptr)->read_for_send(length, data_flags);
+}
+
+// The first queued OpenSSL error as text (and the queue cleared), for logs.
+std::string tls_error_text(int ssl_error) {
+  unsigned long e = ERR_get_error();
+  ERR_clear_error();
+  if (e != 0) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof buf);
+    return buf;
+  }
+  return "TLS error " + std::to_string(ssl_error);
 }
 
 ssize_t data_read_length(nghttp2_session*, uint8_t, int32_t, int32_t session_window,
@@ -32,6 +52,61 @@ ssize_t data_read_length(nghttp2_session*, uint8_t, int32_t, int32_t session_win
 }
 
 }  // namespace
+
+// A BIO for the SSL object of an established connection: reads take ciphertext from the
+// connection's receive buffer, writes append ciphertext to its send buffer. The socket I/O is the
+// connection's own, in as few system calls as possible.
+struct TlsBio {
+  static BIO_METHOD* method() {
+    static BIO_METHOD* m = [] {
+      BIO_METHOD* bm = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "sockmesh-h2");
+      BIO_meth_set_write_ex(bm, write);
+      BIO_meth_set_read_ex(bm, read);
+      BIO_meth_set_ctrl(bm, ctrl);
+      BIO_meth_set_create(bm, create);
+      return bm;
+    }();
+    return m;
+  }
+  static int create(BIO* b) {
+    BIO_set_init(b, 1);
+    return 1;
+  }
+  static int write(BIO* b, const char* data, size_t len, size_t* written) {
+    BIO_clear_retry_flags(b);
+    auto* c = static_cast<H2Connection*>(BIO_get_data(b));
+    if (c == nullptr) return 0;
+    append(c->out_, data, len);
+    *written = len;
+    return 1;
+  }
+  static int read(BIO* b, char* data, size_t len, size_t* read_bytes) {
+    BIO_clear_retry_flags(b);
+    auto* c = static_cast<H2Connection*>(BIO_get_data(b));
+    if (c == nullptr) return 0;
+    size_t avail = c->in_len_ - c->in_pos_;
+    if (avail == 0) {
+      BIO_set_retry_read(b);  // the connection reads the socket and calls SSL_read again
+      return 0;
+    }
+    size_t n = std::min(len, avail);
+    std::memcpy(data, c->in_.data() + c->in_pos_, n);
+    c->in_pos_ += n;
+    *read_bytes = n;
+    return 1;
+  }
+  static long ctrl(BIO* b, int cmd, long, void*) {
+    auto* c = static_cast<H2Connection*>(BIO_get_data(b));
+    switch (cmd) {
+      case BIO_CTRL_FLUSH:
+        return 1;
+      case BIO_CTRL_PENDING:
+        return c == nullptr ? 0 : static_cast<long>(c->in_len_ - c->in_pos_);
+      default:
+        return 0;
+    }
+  }
+};
 
 const std::string* Request::header(std::string_view name) const {
   for (const auto& h : headers) {
@@ -155,20 +230,36 @@ void H2Stream::respond(int status, const HeaderList& extra) {
   connection_->schedule_write();
 }
 
-ssize_t H2Stream::read_for_send(uint8_t* buf, size_t length, uint32_t* data_flags) {
-  size_t copied = 0;
-  while (copied < length && !send_queue_.empty()) {
+ssize_t H2Stream::read_for_send(size_t length, uint32_t* data_flags) {
+  size_t n = std::min(length, queued_bytes_);
+  if (n == queued_bytes_) {  // this frame takes everything queued
+    if (finish_requested_) {
+      *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+    } else if (n == 0) {
+      data_deferred_ = true;
+      return NGHTTP2_ERR_DEFERRED;
+    }
+  }
+  // The bytes are copied once, straight into the connection's write batch (write_data).
+  if (n > 0) *data_flags |= NGHTTP2_DATA_FLAG_NO_COPY;
+  return static_cast<ssize_t>(n);
+}
+
+void H2Stream::write_data(Bytes& out, size_t length) {
+  size_t left = length;
+  while (left > 0 && !send_queue_.empty()) {
     auto& front = send_queue_.front();
-    size_t take = std::min(length - copied, front.size() - front_offset_);
-    std::memcpy(buf + copied, front.data() + front_offset_, take);
-    copied += take;
+    size_t take = std::min(left, front.size() - front_offset_);
+    const uint8_t* from = front.data() + front_offset_;
+    append(out, from, take);
+    left -= take;
     front_offset_ += take;
     if (front_offset_ == front.size()) {
       send_queue_.pop_front();
       front_offset_ = 0;
     }
   }
-  queued_bytes_ -= copied;
+  queued_bytes_ -= length - left;
   if (want_writable_ && queued_bytes_ <= kLowWatermark) {
     want_writable_ = false;
     // Not from inside nghttp2: the handler will queue more data and resume this stream.
@@ -176,15 +267,6 @@ ssize_t H2Stream::read_for_send(uint8_t* buf, size_t length, uint32_t* data_flag
       if (!self->closed_ && self->handlers_.on_writable) self->handlers_.on_writable();
     });
   }
-  if (send_queue_.empty()) {
-    if (finish_requested_) {
-      *data_flags |= NGHTTP2_DATA_FLAG_EOF;
-    } else if (copied == 0) {
-      data_deferred_ = true;
-      return NGHTTP2_ERR_DEFERRED;
-    }
-  }
-  return static_cast<ssize_t>(copied);
 }
 
 void H2Stream::on_closed(uint32_t error_code) {
@@ -213,6 +295,7 @@ nghttp2_session_callbacks* H2Connection::callbacks() {
     nghttp2_session_callbacks_set_on_stream_close_callback(c, &H2Connection::on_stream_close);
     nghttp2_session_callbacks_set_data_source_read_length_callback(c, data_read_length);
     nghttp2_session_callbacks_set_on_frame_send_callback(c, &H2Connection::on_frame_send);
+    nghttp2_session_callbacks_set_send_data_callback(c, &H2Connection::on_send_data);
     return c;
   }();
   return cbs;
@@ -222,8 +305,11 @@ H2Connection::H2Connection(std::unique_ptr<TlsStream> stream, Role role, Setting
     : stream_(std::move(stream)),
       role_(role),
       settings_(settings),
+      in_(kReadBufferBytes),
       read_buf_(kReadBufferBytes),
       keepalive_(stream_->get_executor()) {
+  plain_.reserve(kWriteBatchBytes + kMaxFrameSize + 64);
+  take_over_tls();
   nghttp2_option* opt = nullptr;
   nghttp2_option_new(&opt);
   nghttp2_option_set_no_auto_window_update(opt, 1);
@@ -239,9 +325,38 @@ H2Connection::H2Connection(std::unique_ptr<TlsStream> stream, Role role, Setting
 
 H2Connection::~H2Connection() {
   if (session_ != nullptr) nghttp2_session_del(session_);
+  // The SSL object (and with it our BIO) goes with stream_, after this body: nothing may reach
+  // this connection through the BIO any more.
+  if (ssl_ != nullptr && SSL_get_rbio(ssl_) != nullptr) BIO_set_data(SSL_get_rbio(ssl_), nullptr);
+}
+
+void H2Connection::take_over_tls() {
+  ssl_ = stream_->native_handle();
+  auto& socket = stream_->next_layer();
+  fd_ = socket.native_handle();
+  boost::system::error_code ec;
+  socket.non_blocking(true, ec);
+  // asio's BIO pair may still hold records that came with the end of the handshake (the peer's
+  // first frames); they become the start of our receive buffer. (asio hands everything it reads
+  // to the pair while the handshake runs, so nothing else is left behind.)
+  BIO* old = SSL_get_rbio(ssl_);
+  while (old != nullptr) {
+    if (in_len_ == in_.size()) in_.resize(in_.size() * 2);
+    int n = BIO_read(old, in_.data() + in_len_, static_cast<int>(in_.size() - in_len_));
+    if (n <= 0) break;
+    in_len_ += static_cast<size_t>(n);
+  }
+  // asio sends all handshake output before it reports completion; anything left would be lost.
+  if (old != nullptr && BIO_ctrl_wpending(old) != 0) takeover_failed_ = true;
+  // asio asks for partial writes (SSL_write returns after each record); one call per batch here.
+  SSL_clear_mode(ssl_, SSL_MODE_ENABLE_PARTIAL_WRITE);
+  BIO* bio = BIO_new(TlsBio::method());
+  BIO_set_data(bio, this);
+  SSL_set_bio(ssl_, bio, bio);  // frees asio's half of the pair; asio frees the other
 }
 
 bool H2Connection::start() {
+  if (takeover_failed_) return false;
   nghttp2_settings_entry iv[] = {
       {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, settings_.max_concurrent_streams},
       {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, settings_.stream_window},
@@ -316,83 +431,184 @@ H2Stream* H2Connection::find_stream(int32_t id) {
 
 void H2Connection::read_loop() {
   if (closed_ || reading_) return;
-  reading_ = true;
-  stream_->async_read_some(
-      boost::asio::buffer(read_buf_),
-      [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
-        self->on_read(ec, n);
-      });
+  on_readable();
 }
 
-void H2Connection::on_read(const boost::system::error_code& ec, size_t n) {
-  reading_ = false;
-  if (closed_) return;
-  if (ec) {
-    close_transport(ec == boost::asio::error::eof ? "peer closed the connection"
-                                                   : "read failed: " + ec.message());
-    return;
+void H2Connection::on_readable() {
+  auto self = shared_from_this();  // a handler may drop the last other reference
+  for (int round = 0; round < kReadRounds; ++round) {
+    // Decrypt everything that is there (reading the socket when OpenSSL wants more), up to a
+    // buffer of plaintext, then hand it to nghttp2 in one call.
+    size_t plain = 0;
+    bool want_input = false;
+    bool eof = false;
+    std::string error;
+    while (plain < read_buf_.size()) {
+      size_t got = 0;
+      int rv = SSL_read_ex(ssl_, read_buf_.data() + plain, read_buf_.size() - plain, &got);
+      if (rv == 1) {
+        plain += got;
+        continue;
+      }
+      int e = SSL_get_error(ssl_, rv);
+      if (e == SSL_ERROR_WANT_READ) {  // in_ is used up
+        ssize_t n = ::recv(fd_, in_.data(), in_.size(), 0);
+        if (n > 0) {
+          in_pos_ = 0;
+          in_len_ = static_cast<size_t>(n);
+          continue;
+        }
+        if (n == 0) {
+          eof = true;
+        } else if (errno == EINTR) {
+          continue;
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          want_input = true;
+        } else {
+          error = std::strerror(errno);
+        }
+        break;
+      }
+      if (e == SSL_ERROR_ZERO_RETURN) {
+        eof = true;  // close_notify
+      } else {
+        error = tls_error_text(e);
+      }
+      break;
+    }
+    if (plain > 0) {
+      last_frame_ = std::chrono::steady_clock::now();
+      ping_outstanding_ = false;
+      ++in_nghttp2_;
+      ssize_t rv = nghttp2_session_mem_recv(session_, read_buf_.data(), plain);
+      --in_nghttp2_;
+      if (rv < 0) {
+        SM_WARN("h2") << "protocol error from peer: " << nghttp2_strerror(static_cast<int>(rv));
+        nghttp2_session_terminate_session(session_, NGHTTP2_PROTOCOL_ERROR);
+        close_reason_ = std::string("protocol error: ") + nghttp2_strerror(static_cast<int>(rv));
+      }
+    }
+    schedule_write();
+    if (closed_) return;
+    if (eof) {
+      close_transport("peer closed the connection");
+      return;
+    }
+    if (!error.empty()) {
+      close_transport("read failed: " + error);
+      return;
+    }
+    if (nghttp2_session_want_read(session_) == 0) {
+      maybe_close();
+      return;
+    }
+    if (want_input) {
+      reading_ = true;
+      stream_->next_layer().async_wait(
+          boost::asio::ip::tcp::socket::wait_read, [self](const boost::system::error_code& ec) {
+            self->reading_ = false;
+            if (self->closed_) return;
+            if (ec) {
+              self->close_transport("read failed: " + ec.message());
+              return;
+            }
+            self->on_readable();
+          });
+      return;
+    }
   }
-  last_frame_ = std::chrono::steady_clock::now();
-  ping_outstanding_ = false;
-  ++in_nghttp2_;
-  ssize_t rv = nghttp2_session_mem_recv(session_, read_buf_.data(), n);
-  --in_nghttp2_;
-  if (rv < 0) {
-    SM_WARN("h2") << "protocol error from peer: " << nghttp2_strerror(static_cast<int>(rv));
-    nghttp2_session_terminate_session(session_, NGHTTP2_PROTOCOL_ERROR);
-    close_reason_ = std::string("protocol error: ") + nghttp2_strerror(static_cast<int>(rv));
-  }
-  schedule_write();
-  if (closed_) return;
-  if (nghttp2_session_want_read(session_) != 0) {
-    read_loop();
-  } else {
-    maybe_close();
-  }
+  // More is there: let the other connections of this thread have a turn first.
+  reading_ = true;
+  boost::asio::post(executor(), [self] {
+    self->reading_ = false;
+    if (!self->closed_) self->on_readable();
+  });
 }
 
 void H2Connection::schedule_write() {
-  // Inside nghttp2 the outer caller (on_read, or this loop) writes once nghttp2 returns.
+  // Inside nghttp2 the outer caller (on_readable, or this loop) writes once nghttp2 returns.
   if (closed_ || writing_ || in_nghttp2_ > 0) return;
-  write_buf_.clear();
-  while (write_buf_.size() < kWriteBatchBytes) {
-    const uint8_t* data = nullptr;
-    ++in_nghttp2_;
-    ssize_t n = nghttp2_session_mem_send(session_, &data);
-    --in_nghttp2_;
-    if (n < 0) {
-      close_transport(std::string("nghttp2 send failed: ") +
-                      nghttp2_strerror(static_cast<int>(n)));
+  for (int round = 0;; ++round) {
+    if (out_.size() - out_pos_ < kWriteBatchBytes) {
+      if (out_pos_ > 0) {  // keep only what the socket has not taken yet
+        out_.erase(out_.begin(), out_.begin() + static_cast<std::ptrdiff_t>(out_pos_));
+        out_pos_ = 0;
+      }
+      // Gather frames (DATA payloads are appended by on_send_data), then encrypt them at once.
+      plain_.clear();
+      while (plain_.size() < kWriteBatchBytes) {
+        const uint8_t* data = nullptr;
+        ++in_nghttp2_;
+        ssize_t n = nghttp2_session_mem_send(session_, &data);
+        --in_nghttp2_;
+        if (n < 0) {
+          close_transport(std::string("nghttp2 send failed: ") +
+                          nghttp2_strerror(static_cast<int>(n)));
+          return;
+        }
+        if (closed_) return;  // a stream-close handler aborted the connection
+        if (n == 0) break;
+        append(plain_, data, static_cast<size_t>(n));
+      }
+      if (!plain_.empty()) {
+        size_t written = 0;
+        ERR_clear_error();
+        int rv = SSL_write_ex(ssl_, plain_.data(), plain_.size(), &written);
+        if (rv != 1 || written != plain_.size()) {  // our BIO takes everything: not expected
+          close_transport("TLS write failed: " + tls_error_text(SSL_get_error(ssl_, rv)));
+          return;
+        }
+      }
+    }
+    size_t pending = out_.size() - out_pos_;
+    if (pending == 0) {
+      maybe_close();
       return;
     }
-    if (n == 0) break;
-    append(write_buf_, data, static_cast<size_t>(n));
-    if (closed_) return;  // a stream-close handler aborted the connection
+    ssize_t n = ::send(fd_, out_.data() + out_pos_, pending, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        wait_writable();
+        return;
+      }
+      close_transport(std::string("write failed: ") + std::strerror(errno));
+      return;
+    }
+    out_pos_ += static_cast<size_t>(n);
+    if (out_pos_ == out_.size()) {
+      out_.clear();
+      out_pos_ = 0;
+    }
+    if (round + 1 >= kWriteRounds) {
+      // Still busy: let the other connections of this thread have a turn first.
+      writing_ = true;
+      boost::asio::post(executor(), [self = shared_from_this()] {
+        self->writing_ = false;
+        self->schedule_write();
+      });
+      return;
+    }
   }
-  if (write_buf_.empty()) {
-    maybe_close();
-    return;
-  }
+}
+
+void H2Connection::wait_writable() {
   writing_ = true;
-  boost::asio::async_write(
-      *stream_, boost::asio::buffer(write_buf_),
-      [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
-        self->finish_write(ec);
+  stream_->next_layer().async_wait(
+      boost::asio::ip::tcp::socket::wait_write,
+      [self = shared_from_this()](const boost::system::error_code& ec) {
+        self->writing_ = false;
+        if (self->closed_) return;
+        if (ec) {
+          self->close_transport("write failed: " + ec.message());
+          return;
+        }
+        self->schedule_write();
       });
 }
 
-void H2Connection::finish_write(const boost::system::error_code& ec) {
-  writing_ = false;
-  if (closed_) return;
-  if (ec) {
-    close_transport("write failed: " + ec.message());
-    return;
-  }
-  schedule_write();
-}
-
 void H2Connection::maybe_close() {
-  if (closed_ || writing_) return;
+  if (closed_ || writing_ || out_pos_ < out_.size()) return;
   bool done = (nghttp2_session_want_read(session_) == 0 &&
                nghttp2_session_want_write(session_) == 0) ||
               (going_away_ && streams_.empty());
@@ -558,6 +774,20 @@ int H2Connection::on_data_chunk(nghttp2_session*, uint8_t, int32_t stream_id, co
     return 0;
   }
   stream->handlers_.on_data(data, len);
+  return 0;
+}
+
+int H2Connection::on_send_data(nghttp2_session*, nghttp2_frame* frame, const uint8_t* framehd,
+                               size_t length, nghttp2_data_source* source, void* user) {
+  auto* self = static_cast<H2Connection*>(user);
+  auto* stream = static_cast<H2Stream*>(source->ptr);
+  if (stream->queued_bytes_ < length) return NGHTTP2_ERR_CALLBACK_FAILURE;  // cannot happen
+  auto& out = self->plain_;
+  append(out, framehd, 9);
+  size_t padding = frame->data.padlen;  // includes the Pad Length byte; we never ask for any
+  if (padding > 0) out.push_back(static_cast<uint8_t>(padding - 1));
+  stream->write_data(out, length);
+  if (padding > 1) out.resize(out.size() + padding - 1, 0);
   return 0;
 }
 

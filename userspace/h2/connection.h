@@ -5,6 +5,11 @@
 // Flow control is explicit: received DATA is handed to the stream's consumer, which calls
 // H2Stream::consume(n) once it has written those bytes onwards. Only then does the window open
 // again, so a slow receiver slows the sender instead of growing buffers.
+//
+// The TLS handshake is asio's (ssl::stream); after it, the connection drives the SSL object
+// itself over the non-blocking socket with its own buffers: one recv() of up to 256 KiB feeds
+// many TLS records, and a batch of frames becomes one SSL_write() and one send(). (asio's stream
+// moves at most one 16 KiB record per system call and copies each record twice more.)
 #include <nghttp2/nghttp2.h>
 
 #include <boost/asio/ip/tcp.hpp>
@@ -103,8 +108,11 @@ class H2Stream : public std::enable_shared_from_this<H2Stream> {
   // ends it.
   void respond(int status, const HeaderList& extra = {});
 
-  // nghttp2's data source: copies queued bytes into a DATA frame.
-  ssize_t read_for_send(uint8_t* buf, size_t length, uint32_t* data_flags);
+  // nghttp2's data source: how many queued bytes the next DATA frame carries (NO_COPY; the
+  // bytes are appended by write_data when the frame goes out).
+  ssize_t read_for_send(size_t length, uint32_t* data_flags);
+  // Appends the next `length` queued bytes to out.
+  void write_data(Bytes& out, size_t length);
 
  private:
   friend class H2Connection;
@@ -184,10 +192,15 @@ class H2Connection : public std::enable_shared_from_this<H2Connection> {
   static int on_frame_send(nghttp2_session*, const nghttp2_frame*, void*);
   static int on_data_chunk(nghttp2_session*, uint8_t, int32_t, const uint8_t*, size_t, void*);
   static int on_stream_close(nghttp2_session*, int32_t, uint32_t, void*);
+  static int on_send_data(nghttp2_session*, nghttp2_frame*, const uint8_t*, size_t,
+                          nghttp2_data_source*, void*);
 
+  // The custom BIO under the SSL object: reads come from in_, writes go to out_.
+  friend struct TlsBio;
+  void take_over_tls();
   void read_loop();
-  void on_read(const boost::system::error_code& ec, size_t n);
-  void finish_write(const boost::system::error_code& ec);
+  void on_readable();
+  void wait_writable();
   void maybe_close();
   void arm_keepalive();
   void close_transport(const std::string& reason);
@@ -200,10 +213,18 @@ class H2Connection : public std::enable_shared_from_this<H2Connection> {
   std::unordered_map<int32_t, std::shared_ptr<H2Stream>> streams_;
   RequestHandler request_handler_;
   CloseHandler close_handler_;
-  Bytes read_buf_;
-  Bytes write_buf_;
+  SSL* ssl_ = nullptr;      // owned by stream_
+  int fd_ = -1;             // stream_'s socket, non-blocking
+  Bytes in_;                // ciphertext received, not yet taken by OpenSSL: [in_pos_, in_len_)
+  size_t in_pos_ = 0;
+  size_t in_len_ = 0;
+  Bytes read_buf_;          // plaintext for nghttp2
+  Bytes plain_;             // frames of one write batch, before encryption
+  Bytes out_;               // ciphertext not yet sent: [out_pos_, end)
+  size_t out_pos_ = 0;
   int in_nghttp2_ = 0;  // >0 while nghttp2 runs our callbacks: no re-entry into mem_send
-  bool writing_ = false;
+  bool writing_ = false;  // waiting until the socket takes more
+  bool takeover_failed_ = false;
   bool reading_ = false;
   bool closed_ = false;
   bool going_away_ = false;
