@@ -85,19 +85,13 @@ std::optional<uint64_t> ListenerMap::socket_cookie(const IpAddress& pod_ip,
 
 Result<std::vector<ListenerSlot>> ListenerMap::list() const {
   std::vector<ListenerSlot> out;
-  sm_listener_key key{};
-  sm_listener_key next{};
-  const void* prev = nullptr;
-  while (true) {
-    int err = map_.next_key(prev, &next);
-    if (err == -ENOENT) break;
-    if (err != 0) return Error::from_errno(-err, "listing " + map_.path());
+  auto keys = map_.keys<sm_listener_key>();
+  if (!keys) return keys.error();
+  for (const auto& k : *keys) {
     uint64_t cookie = 0;
-    if (map_.lookup(&next, &cookie) == 0) {
-      out.push_back({from_kernel(next.ip), static_cast<ListenerKind>(next.kind), cookie});
+    if (map_.lookup(&k, &cookie) == 0) {
+      out.push_back({from_kernel(k.ip), static_cast<ListenerKind>(k.kind), cookie});
     }
-    key = next;
-    prev = &key;
   }
   return out;
 }

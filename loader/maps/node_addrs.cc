@@ -24,18 +24,10 @@ Result<NodeAddrMap> NodeAddrMap::open(const std::string& pin_root) {
 }
 
 Result<std::set<IpAddress>> NodeAddrMap::list() const {
+  auto keys = map_.keys<sm_ip>();
+  if (!keys) return keys.error();
   std::set<IpAddress> out;
-  sm_ip key{};
-  sm_ip next{};
-  const void* prev = nullptr;
-  while (true) {
-    int err = map_.next_key(prev, &next);
-    if (err == -ENOENT) break;
-    if (err != 0) return Error::from_errno(-err, "listing " + map_.path());
-    out.insert(from_kernel(next));
-    key = next;
-    prev = &key;
-  }
+  for (const auto& k : *keys) out.insert(from_kernel(k));
   return out;
 }
 

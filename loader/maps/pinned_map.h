@@ -3,7 +3,9 @@
 // a reader built from another version of bpf/include/sockmesh/maps.h fails at open with a clear
 // message instead of reading garbage.
 #include <cstdint>
+#include <cerrno>
 #include <string>
+#include <vector>
 
 #include "loader/maps/result.h"
 #include "loader/maps/unique_fd.h"
@@ -40,6 +42,23 @@ class PinnedMap {
   int remove(const void* key) const;
   // Next key after `key` (nullptr: the first). -ENOENT at the end.
   int next_key(const void* key, void* next) const;
+  // Every key, as the kernel walks them (entries added or removed meanwhile may be missed).
+  template <typename Key>
+  Result<std::vector<Key>> keys() const {
+    std::vector<Key> out;
+    Key key{};
+    Key next{};
+    const void* prev = nullptr;
+    while (true) {
+      int err = next_key(prev, &next);
+      if (err == -ENOENT) break;
+      if (err != 0) return Error::from_errno(-err, "listing " + path_);
+      out.push_back(next);
+      key = next;
+      prev = &key;
+    }
+    return out;
+  }
 
  private:
   PinnedMap() = default;

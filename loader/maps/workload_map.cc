@@ -105,19 +105,11 @@ std::optional<WorkloadRecord> WorkloadMapReader::lookup(const IpAddress& ip) con
 
 Result<std::vector<std::pair<IpAddress, WorkloadRecord>>> WorkloadMapReader::list() const {
   std::vector<std::pair<IpAddress, WorkloadRecord>> out;
-  sm_ip key{};
-  sm_ip next{};
-  const void* prev = nullptr;
-  while (true) {
-    int err = map_.next_key(prev, &next);
-    if (err == -ENOENT) break;
-    if (err != 0) return Error::from_errno(-err, "listing " + map_.path());
+  auto keys = map_.keys<sm_ip>();
+  if (!keys) return keys.error();
+  for (const auto& k : *keys) {
     sm_workload raw{};
-    if (map_.lookup(&next, &raw) == 0) {
-      out.emplace_back(from_kernel(next), WorkloadRecord::from_kernel(raw));
-    }
-    key = next;
-    prev = &key;
+    if (map_.lookup(&k, &raw) == 0) out.emplace_back(from_kernel(k), WorkloadRecord::from_kernel(raw));
   }
   return out;
 }

@@ -134,24 +134,28 @@ std::optional<std::string> prepare_dial(Tcp::socket& socket, const Endpoint& des
   return std::nullopt;
 }
 
+namespace {
+// SO_LINGER {on, 0}: close() resets. {off}: close() ends with FIN.
+void set_abortive_close(Tcp::socket& socket, bool abortive) {
+  linger l{abortive ? 1 : 0, 0};
+  setsockopt(socket.native_handle(), SOL_SOCKET, SO_LINGER, &l, sizeof l);
+}
+}  // namespace
+
 void close_with_reset(Tcp::socket& socket) {
   if (!socket.is_open()) return;
-  linger l{1, 0};
-  setsockopt(socket.native_handle(), SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  set_abortive_close(socket, true);
   boost::system::error_code ec;
   socket.close(ec);
 }
 
 void reset_unless_closed_gracefully(Tcp::socket& socket) {
-  if (!socket.is_open()) return;
-  linger l{1, 0};
-  setsockopt(socket.native_handle(), SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  if (socket.is_open()) set_abortive_close(socket, true);
 }
 
 void close_gracefully(Tcp::socket& socket) {
   if (!socket.is_open()) return;
-  linger l{0, 0};
-  setsockopt(socket.native_handle(), SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  set_abortive_close(socket, false);
   boost::system::error_code ec;
   socket.close(ec);
 }
