@@ -43,6 +43,15 @@ def tail(path, n=3000):
         return ""
 
 
+def rss_kib(pid):
+    """VmRSS of a process, KiB."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise BenchError("no VmRSS for pid %d" % pid)
+
+
 def yes(b):
     return "**yes**" if b else "**no**"
 

@@ -43,7 +43,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from benchlib import BenchError, log, run_bench, set_log_prefix  # noqa: E402
+from benchlib import BenchError, log, rss_kib, run_bench, set_log_prefix  # noqa: E402
 
 set_log_prefix("cluster")
 
@@ -96,14 +96,6 @@ def system_cpu_seconds():
         fields = [int(x) for x in f.readline().split()[1:]]
     busy = sum(fields[:8]) - fields[3] - fields[4]  # user nice system idle iowait irq softirq steal
     return busy / os.sysconf("SC_CLK_TCK")
-
-
-def rss_kib(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise BenchError("no VmRSS for pid %d" % pid)
 
 
 class Combo:

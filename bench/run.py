@@ -30,7 +30,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import (BenchError, log, run_bench, set_log_prefix, tail,  # noqa: E402
+from benchlib import (BenchError, log, rss_kib, run_bench, set_log_prefix, tail,  # noqa: E402
                       wait_until, yes)
 
 set_log_prefix("bench")
@@ -144,14 +144,6 @@ def cpu_seconds(pid):
         except (OSError, ValueError, IndexError):
             pass
     return total / tick
-
-
-def rss_kib(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise BenchError("no VmRSS for pid %d" % pid)
 
 
 def cgroup_bpf_programs():
