@@ -12,7 +12,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts", "lib"))
 
 import cluster  # noqa: E402
-from cluster import APP_PORT, ECHO_VIP, ClusterError, metric_value, wait_until  # noqa: E402,F401
+from cluster import APP_PORT, ECHO_VIP, ClusterError, metric_value, wait_until  # noqa: E402,F401 (re-exported)
 
 SKIP_EXIT = 77
 

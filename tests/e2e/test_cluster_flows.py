@@ -21,7 +21,7 @@ def deny_policy(name, **match):
 class Flows(ClusterCase):
 
     def test_every_demo_flow_arrives_intact_and_is_logged_by_the_right_proxy(self):
-        c, client = self.cluster, self.client
+        client = self.client
         echo_a, echo_b = self.pods["echo-a"], self.pods["echo-b"]
         legacy_a, legacy_b = self.pods["legacy-a"], self.pods["legacy-b"]
         out_a, in_a = self.counter(self.a, "captured_outbound"), self.counter(self.a,
