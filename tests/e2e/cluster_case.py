@@ -15,6 +15,8 @@ import cluster  # noqa: E402
 from cluster import APP_PORT, ECHO_VIP, ClusterError, metric_value, wait_until  # noqa: E402,F401 (re-exported)
 
 SKIP_EXIT = 77
+__all__ = ["APP_PORT", "ECHO_VIP", "ClusterCase", "ClusterError", "main", "metric_value",
+           "preflight", "wait_until"]
 
 
 def preflight():
