@@ -416,7 +416,11 @@ class Node:
         if not c.bypass:
             argv.append("--no-bypass")
         argv += list(extra)
-        self.agent = Process("agent", argv, netns=self.netns_path,
+        # Its own cgroup beside the node's (not below it: the node's sockops is not for it), so
+        # that removing the cluster's cgroup stops it too.
+        agent_cgroup = os.path.join(c.cgroup, "agent-" + self.name)
+        os.makedirs(agent_cgroup, exist_ok=True)
+        self.agent = Process("agent", argv, netns=self.netns_path, cgroup=agent_cgroup,
                              log_path=os.path.join(self.dir, "agent-%d.log" % self.agent_runs),
                              tie_to_parent=not c.keep)
         if wait:
