@@ -37,17 +37,12 @@ int verify_peer(int preverify_ok, X509_STORE_CTX* store) {
     return 0;
   }
   if (X509_STORE_CTX_get_error_depth(store) != 0) return 1;
-  X509* leaf = X509_STORE_CTX_get_current_cert(store);
-  auto id = identity::spiffe_id_of(leaf);
-  if (!id) {
-    fail_check(ssl, "peer certificate has no usable SPIFFE ID: " + id.error().message);
-    X509_STORE_CTX_set_error(store, X509_V_ERR_APPLICATION_VERIFICATION);
-    return 0;
-  }
   auto* td = static_cast<std::string*>(
       SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), trust_domain_index()));
-  if (td != nullptr && id->trust_domain != *td) {
-    fail_check(ssl, "peer identity " + id->to_string() + " is outside trust domain " + *td);
+  if (td == nullptr) return 0;  // every MeshTls context carries its trust domain
+  auto id = identity::check_trust_domain(X509_STORE_CTX_get_current_cert(store), *td);
+  if (!id) {
+    fail_check(ssl, id.error().message);
     X509_STORE_CTX_set_error(store, X509_V_ERR_APPLICATION_VERIFICATION);
     return 0;
   }

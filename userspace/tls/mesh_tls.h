@@ -12,6 +12,7 @@
 
 #include "identity/certificate.h"
 #include "identity/spiffe.h"
+#include "identity/verify.h"
 
 namespace sockmesh::tls {
 
