@@ -173,8 +173,10 @@ void InboundHbone::handle(Worker& worker, Tcp::socket socket) {
 
   auto snap = ctx_.store->get();
   const state::Workload* wl = ctx_.local_workload(*snap, session->local.ip);
-  auto& failures = ctx_.metrics->counter("sockmesh_hbone_accept_failures_total",
-                                         "HBONE connections closed before HTTP/2 started");
+  auto& failures = ctx_.metrics->counter(
+      "sockmesh_hbone_accept_failures_total",
+      "HBONE connections closed before HTTP/2 started, other than by a failed TLS handshake "
+      "(those count in sockmesh_tls_handshake_failures_total)");
   if (wl == nullptr) {
     SM_WARN("inbound") << "HBONE connection to " << session->local.to_string() << " from "
                        << session->peer.to_string()
@@ -204,6 +206,7 @@ void InboundHbone::handle(Worker& worker, Tcp::socket socket) {
   SSL* ssl = hs->tls->native_handle();
   if (auto err = tls::MeshTls::use_certificate(ssl, **cert)) {
     SM_ERROR("inbound") << "cannot use certificate of " << wl->identity() << ": " << *err;
+    failures.inc();
     return;
   }
   tls::MeshTls::attach_peer_check(ssl, &hs->check);
