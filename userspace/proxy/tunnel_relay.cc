@@ -6,7 +6,7 @@
 
 namespace sockmesh::proxy {
 namespace {
-constexpr size_t kReadChunk = 64 * 1024;
+constexpr size_t kReadChunk = 256 * 1024;
 }
 
 TunnelRelay::TunnelRelay(std::shared_ptr<Tcp::socket> socket,
