@@ -788,7 +788,9 @@ int H2Connection::on_send_data(nghttp2_session*, nghttp2_frame* frame, const uin
   if (padding > 0) out.push_back(static_cast<uint8_t>(padding - 1));
   stream->write_data(out, length);
   if (padding > 1) out.resize(out.size() + padding - 1, 0);
-  return 0;
+  // One mem_send call would otherwise go on through every DATA frame the windows allow (up to
+  // the 16 MiB connection window) before it returns: end the batch here.
+  return out.size() >= kWriteBatchBytes ? NGHTTP2_ERR_PAUSE : 0;
 }
 
 int H2Connection::on_stream_close(nghttp2_session*, int32_t stream_id, uint32_t error_code,
