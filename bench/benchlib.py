@@ -1,4 +1,4 @@
-"""What the benchmark drivers (run.py, capture.py) share: logging, waiting, and the main loop
+"""What the benchmark drivers (run.py, capture.py, cluster.py) share: logging, waiting, and the main loop
 that turns signals into a clean stop and writes the table."""
 import json
 import os
@@ -41,6 +41,21 @@ def tail(path, n=3000):
             return f.read().decode(errors="replace")[-n:]
     except OSError:
         return ""
+
+
+def bench_arguments(doc, root, quick_help, reps_help, stream_help):
+    """The options every namespace benchmark takes: --build-dir, --quick, --reps, --iters,
+    --stream-mib. The caller adds its own and parses."""
+    import argparse
+    ap = argparse.ArgumentParser(description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build-dir", default=os.environ.get("SOCKMESH_BUILD_DIR",
+                                                          os.path.join(root, "build")))
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--reps", type=int, help=reps_help)
+    ap.add_argument("--iters", type=int, help="1 KiB round trips per repetition")
+    ap.add_argument("--stream-mib", type=int, help=stream_help)
+    return ap
 
 
 def rss_kib(pid):

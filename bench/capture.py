@@ -20,7 +20,6 @@ Everything it makes (namespaces, veths, cgroups, bpffs pin roots, iptables rules
 temporary files) has a unique name and is removed on exit, also on failure and on Ctrl-C.
 Standard library only; load from build/bench/sockmesh-loadgen.
 """
-import argparse
 import datetime
 import json
 import os
@@ -35,7 +34,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import (BenchError, log, run_bench, set_log_prefix, tail,  # noqa: E402
+from benchlib import (BenchError, bench_arguments, log, run_bench, set_log_prefix, tail,  # noqa: E402
                       wait_until, yes)
 
 set_log_prefix("capture")
@@ -590,14 +589,8 @@ class CaptureBench:
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build-dir", default=os.environ.get("SOCKMESH_BUILD_DIR",
-                                                          os.path.join(ROOT, "build")))
-    ap.add_argument("--quick", action="store_true", help="fewer and smaller runs")
-    ap.add_argument("--reps", type=int, help="repetitions (default 7, quick 3)")
-    ap.add_argument("--iters", type=int, help="1 KiB round trips per repetition")
-    ap.add_argument("--stream-mib", type=int, help="MiB per throughput run")
+    ap = bench_arguments(__doc__, ROOT, "fewer and smaller runs",
+                         "repetitions (default 7, quick 3)", "MiB per throughput run")
     ap.add_argument("--workers", type=int, default=0, help="sockmesh --workers (0: its default)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "capture.md"))
     ap.add_argument("--keep-tmp", action="store_true", help="keep configs and logs")

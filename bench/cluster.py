@@ -30,7 +30,6 @@ Writes bench/results/cluster-<timestamp>.md (printed too), .json and .png (matpl
 Everything (namespaces, cgroups, pin roots, processes; iptables rules die with the pod netns) is
 removed on exit and on Ctrl-C.
 """
-import argparse
 import datetime
 import importlib.util
 import json
@@ -43,7 +42,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from benchlib import BenchError, log, rss_kib, run_bench, set_log_prefix  # noqa: E402
+from benchlib import (BenchError, bench_arguments, log, rss_kib, run_bench,  # noqa: E402
+                      set_log_prefix)
 
 set_log_prefix("cluster")
 
@@ -533,14 +533,8 @@ class ClusterBench:
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build-dir", default=os.environ.get("SOCKMESH_BUILD_DIR",
-                                                          os.path.join(ROOT, "build")))
-    ap.add_argument("--quick", action="store_true", help="smaller transfers and fewer round trips (about 2 min)")
-    ap.add_argument("--reps", type=int, help="repetitions (default 3)")
-    ap.add_argument("--iters", type=int, help="1 KiB round trips per repetition")
-    ap.add_argument("--stream-mib", type=int, help="MiB for the 1-stream run (8 streams: twice)")
+    ap = bench_arguments(__doc__, ROOT, "smaller transfers and fewer round trips (about 2 min)",
+                         "repetitions (default 3)", "MiB for the 1-stream run (8 streams: twice)")
     ap.add_argument("--paths", default="nomesh,bypass,nobypass,iptables",
                     help="comma list of: nomesh, bypass, nobypass, iptables")
     ap.add_argument("--topologies", default="cross,same", help="comma list of: cross, same")
