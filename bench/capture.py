@@ -362,6 +362,9 @@ class CaptureBench:
             self.check_alive(p)
             return ":%d" % SM_PORT_OUTBOUND in run(["ip", "netns", "exec", pod, "ss", "-Hltn"])
         wait_until(up, 20, "the iptables-fed proxy's 15001 listener")
+        return p, self.redirect_to_15001(pod)
+
+    def redirect_to_15001(self, pod):
         rule = ["-p", "tcp", "-m", "mark", "!", "--mark", "0x%x/0x%x" % (SM_MARK_PROXY,
                                                                          SM_MARK_PROXY),
                 "!", "-d", "127.0.0.0/8", "-j", "REDIRECT", "--to-ports", str(SM_PORT_OUTBOUND)]
@@ -369,7 +372,24 @@ class CaptureBench:
             ["ip", "netns", "exec", pod, "iptables", "-t", "nat", "-D", "OUTPUT"] + rule,
             check=False)))
         run(["ip", "netns", "exec", pod, "iptables", "-t", "nat", "-A", "OUTPUT"] + rule)
-        return p, rule
+        return rule
+
+    def hop_echo(self, key, pod, pod_ip, cgroup, root):
+        """--hop-only: an echo server in the proxy's place at the pod's 15001 (transparent, the
+        proxy's mark, registered as the pod's outbound listener when tc captures), so that the
+        round trip measures the app <-> proxy hop alone, without the proxy's relay."""
+        argv = [self.loadgen_bin, "server", "--listen", "0.0.0.0:%d" % SM_PORT_OUTBOUND,
+                "--transparent", "yes", "--mark", str(SM_MARK_PROXY), "--netns-only", "yes",
+                "--max-seconds", str(self.o.max_seconds)]
+        if root:
+            argv += ["--register", "%s,%s" % (root, pod_ip)]
+        p = self.start("hop-echo-" + key, argv, netns=pod, cgroup=cgroup)
+
+        def up():
+            self.check_alive(p)
+            return ":%d" % SM_PORT_OUTBOUND in run(["ip", "netns", "exec", pod, "ss", "-Hltn"])
+        wait_until(up, 10, "the echo at 15001 in pod %s" % pod)
+        return p
 
     def setup(self):
         node = self.netns("node")
@@ -397,11 +417,18 @@ class CaptureBench:
             run([self.loader_bin, "--pin-root", root, "enroll", "--netns", "/run/netns/" + pod,
                  "--ifname", "eth0", "--ip", ip, "--uid", "uid-" + key, "--namespace", "bench",
                  "--service-account", "app"])
-            self.proxies.append(self.zds_proxy(key, node, pod, ip, cg, root))
+            if self.o.hop_only:
+                self.proxies.append(self.hop_echo(key, pod, ip, cg, root))
+            else:
+                self.proxies.append(self.zds_proxy(key, node, pod, ip, cg, root))
             self.paths.append(Path(key, label, pod, cgroup=cg, pin_root=root))
 
         pod, ip = self.add_pod(node, 4, "iptables")
-        p, self.ipt_rule = self.iptables_proxy(pod, ip)
+        if self.o.hop_only:
+            p = self.hop_echo("iptables", pod, ip, None, None)
+            self.ipt_rule = self.redirect_to_15001(pod)
+        else:
+            p, self.ipt_rule = self.iptables_proxy(pod, ip)
         self.proxies.append(p)
         self.paths.append(Path("iptables", "(4) iptables REDIRECT (Istio today)", pod))
 
@@ -495,13 +522,22 @@ class CaptureBench:
                         "p50_all": [x["p50_us"] for x in r["pp"]],
                         "gbps_all": [x["gbps"] for x in r["tp"]]}
         base = s["plain"]
+        # --hop-only: a captured path ends at the echo in the proxy's place, so its round trip is
+        # the hop itself (both ways, plus the echo's own work, the same on every path).
+        floor = 0.0 if o.hop_only else base["p50"]
         for k, x in s.items():
-            x["hop_us"] = x["p50"] - base["p50"]
+            x["hop_us"] = x["p50"] - (base["p50"] if k == "plain" else floor)
         L = ["# sockmesh capture benchmark", ""]
         L.append("%s · %d CPUs · kernel %s · load average at start %.1f, at end %.1f" % (
             datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), os.cpu_count(),
             platform.release(), self.load_start, os.getloadavg()[0]))
         L.append("")
+        if o.hop_only:
+            L.append("**Hop only**: in (2)–(4) an echo server stands in the proxy's place at the "
+                     "pod's 15001 (transparent, the proxy's mark, registered as the pod's outbound "
+                     "listener for tc), so a captured round trip is the app↔proxy hop alone, "
+                     "both ways; (1) still goes to the server over the veth, for scale.")
+            L.append("")
         L.append("App in a pod netns → server in the node netns over a veth (passthrough: the "
                  "server is outside the mesh). Round trips: %d × 1 KiB request + 1 KiB response on "
                  "one connection (after %d warm-up); throughput: one stream of %d MiB. Medians of "
@@ -509,7 +545,8 @@ class CaptureBench:
                      o.iters, o.pp_warmup, o.stream_bytes // MiB, o.reps))
         L.append("")
         L.append("| path | 1 KiB RTT p50 µs | vs no capture | p99 µs | vs no capture | "
-                 "hop cost µs (p50 − no capture) | 1 stream Gbit/s | vs no capture |")
+                 "hop cost µs (%s) | 1 stream Gbit/s | vs no capture |" % (
+                     "the RTT itself" if o.hop_only else "p50 − no capture"))
         L.append("|---|---:|---:|---:|---:|---:|---:|---:|")
         for p in self.paths:
             x = s[p.key]
@@ -528,8 +565,9 @@ class CaptureBench:
             return res[key]["pp" if field == "p50_us" else "tp"][i][field]
         rep_cuts = []
         for i in range(n):
-            hn = rep("nobypass", "p50_us", i) - rep("plain", "p50_us", i)
-            hb = rep("bypass", "p50_us", i) - rep("plain", "p50_us", i)
+            floor_i = 0.0 if o.hop_only else rep("plain", "p50_us", i)
+            hn = rep("nobypass", "p50_us", i) - floor_i
+            hb = rep("bypass", "p50_us", i) - floor_i
             if hn > 0:
                 rep_cuts.append(1 - hb / hn)
         L.append("| target | measured (medians) | per repetition | met |")
@@ -572,10 +610,16 @@ class CaptureBench:
             L.append("- %s: %s" % (p.key, ", ".join("%s +%d" % kv for kv in sorted(d.items())
                                                      if kv[1]) or "no counter moved"))
         L.append("")
-        L.append("Hop cost = the RTT p50 a path adds over (1) no capture measured in the same run: "
-                 "the app→proxy hop (tc or iptables capture, the sockmap or the stack) plus the "
-                 "proxy's relay. Client, proxy and server share the machine's %d CPUs: compare "
-                 "rows of one run only." % os.cpu_count())
+        if o.hop_only:
+            L.append("Hop cost = the round trip app → echo at 15001 → app: the capture (tc or "
+                     "iptables), the sockmap or the stack, both ways, and the echo's own work "
+                     "(the same on every path, so the cut above is a lower bound). Compare rows "
+                     "of one run only.")
+        else:
+            L.append("Hop cost = the RTT p50 a path adds over (1) no capture measured in the same "
+                     "run: the app→proxy hop (tc or iptables capture, the sockmap or the stack) "
+                     "plus the proxy's relay. Client, proxy and server share the machine's %d "
+                     "CPUs: compare rows of one run only." % os.cpu_count())
         for n in self.notes:
             L.append(n)
         return "\n".join(L) + "\n", s
@@ -592,9 +636,15 @@ def parse_args(argv):
     ap = bench_arguments(__doc__, ROOT, "fewer and smaller runs",
                          "repetitions (default 7, quick 3)", "MiB per throughput run")
     ap.add_argument("--workers", type=int, default=0, help="sockmesh --workers (0: its default)")
-    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "capture.md"))
+    ap.add_argument("--out", help="Markdown file (default bench/results/capture.md, with "
+                                  "--hop-only capture-hop.md)")
     ap.add_argument("--keep-tmp", action="store_true", help="keep configs and logs")
+    ap.add_argument("--hop-only", action="store_true",
+                    help="an echo server in the proxy's place at 15001: measures the app <-> "
+                         "proxy hop alone (tc or iptables capture, the sockmap or the stack)")
     o = ap.parse_args(argv)
+    o.out = o.out or os.path.join(ROOT, "bench", "results",
+                                  "capture-hop.md" if o.hop_only else "capture.md")
     o.reps = o.reps or (3 if o.quick else 7)
     o.iters = o.iters or (2000 if o.quick else 10000)
     o.pp_warmup = 200 if o.quick else 500

@@ -1,6 +1,8 @@
 // sockmesh-loadgen: load generator and sink/echo server for the benchmark (bench/run.py).
 //
 //   sockmesh-loadgen server --listen IP:PORT [--max-seconds S]
+//                    [--transparent yes] [--mark N] [--register PIN_ROOT,POD_IP]
+//                    (in the proxy's place: bench/capture.py --hop-only)
 //   sockmesh-loadgen client --mode throughput|pingpong|hold --target IP:PORT
 //                    [--via tcp|socks5|http --proxy IP:PORT] [--bind IP]
 //                    [--bytes N --streams K] [--size B --iters M --warmup W]
@@ -46,6 +48,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "base/ip_address.h"
+#include "loader/maps/listener_map.h"
 
 namespace {
 
@@ -223,14 +228,39 @@ void serve(int raw_fd) {
   g_server_conns--;
 }
 
-int run_server(const Addr& listen_addr, double max_seconds, double io_timeout) {
+// In place of the proxy (bench/capture.py --hop-only): the listener takes the proxy's mark and is
+// transparent like the proxy's in-pod 15001, and may be registered in sockmesh's listener map as
+// a pod's outbound listener, so that tc assigns captured SYNs to it.
+struct ServerOptions {
+  bool transparent = false;
+  uint32_t mark = 0;
+  std::string register_root;  // pin root of sockmesh's maps
+  std::string register_ip;    // the pod's IP
+};
+
+int run_server(const Addr& listen_addr, double max_seconds, double io_timeout,
+               const ServerOptions& so) {
   Fd lfd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (lfd.get() < 0) fail("socket");
   int one = 1;
   setsockopt(lfd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (so.transparent && setsockopt(lfd.get(), SOL_IP, IP_TRANSPARENT, &one, sizeof one) != 0) {
+    fail("IP_TRANSPARENT");
+  }
+  if (so.mark != 0 && setsockopt(lfd.get(), SOL_SOCKET, SO_MARK, &so.mark, sizeof so.mark) != 0) {
+    fail("SO_MARK");
+  }
   sockaddr_in sa = listen_addr.sa();
   if (::bind(lfd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) fail("bind");
   if (::listen(lfd.get(), 4096) != 0) fail("listen");
+  if (!so.register_root.empty()) {
+    auto pod_ip = sockmesh::IpAddress::parse(so.register_ip);
+    if (!pod_ip) throw Failure("--register: bad IP " + so.register_ip);
+    auto map = sockmesh::maps::ListenerMap::open(so.register_root);
+    if (!map) throw Failure("--register: " + map.error().message);
+    auto added = map->add(*pod_ip, sockmesh::maps::ListenerKind::kOutbound, lfd.get());
+    if (!added) throw Failure("--register: " + added.error().message);
+  }
   std::printf("{\"listening\": \"%s:%u\"}\n", listen_addr.ip.c_str(), listen_addr.port);
   std::fflush(stdout);
   pthread_attr_t attr;
@@ -503,6 +533,7 @@ uint64_t parse_size(const std::string& s) {
 void usage() {
   std::fprintf(stderr,
                "usage: sockmesh-loadgen server --listen IP:PORT [--max-seconds S] [--timeout S]\n"
+               "           [--transparent yes] [--mark N] [--register PIN_ROOT,POD_IP]\n"
                "       sockmesh-loadgen client --mode throughput|pingpong|hold --target IP:PORT\n"
                "           [--via tcp|socks5|http --proxy IP:PORT] [--bind IP] [--timeout S]\n"
                "           throughput: [--bytes N[K|M|G]] [--streams K]\n"
@@ -556,8 +587,18 @@ int main(int argc, char** argv) {
       g_netns_only = true;
     }
     if (role == "server") {
+      ServerOptions so;
+      so.transparent = get("transparent", "no") == "yes";
+      so.mark = static_cast<uint32_t>(std::stoul(get("mark", "0"), nullptr, 0));
+      if (auto r = get("register", ""); !r.empty()) {
+        auto comma = r.find(',');
+        if (comma == std::string::npos) throw Failure("--register PIN_ROOT,POD_IP");
+        so.register_root = r.substr(0, comma);
+        so.register_ip = r.substr(comma + 1);
+      }
       return run_server(parse_addr(get("listen", "127.0.0.1:9000")),
-                        std::stod(get("max-seconds", "1800")), std::stod(get("timeout", "300")));
+                        std::stod(get("max-seconds", "1800")), std::stod(get("timeout", "300")),
+                        so);
     }
     if (role != "client") {
       usage();
