@@ -156,31 +156,59 @@ class ProxyNode:
 # ---------------------------------------------------------------------------------------------
 # Applications
 
-class EchoServer:
-    """TCP server on ip:port. Modes: 'echo' returns bytes; 'whoami' sends the client's address
-    then echoes; 'hash' reads to EOF and answers the SHA-256 of what it read."""
+class TcpServer:
+    """A TCP server on ip:port: accepts on a thread of its own until close() and serves each
+    connection on another by calling self._serve(conn, addr, record), which subclasses define;
+    `record` is what self._track(addr) returned on the accepting thread (so that it is listed
+    the moment the connection is accepted)."""
 
-    def __init__(self, ip, port, mode="echo"):
+    def __init__(self, ip, port, backlog=512):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((ip, port))
-        self.sock.listen(512)
-        self.mode = mode
+        self.sock.listen(backlog)
+        self.sock.settimeout(0.2)
         self.peers = []
+        self.serving = []
         self.stopped = False
         self.thread = threading.Thread(target=self._accept, daemon=True)
         self.thread.start()
 
     def _accept(self):
-        while not self.stopped:
+        deadline = time.time() + 600  # bounded even if a test forgets close()
+        while not self.stopped and time.time() < deadline:
             try:
                 c, addr = self.sock.accept()
+            except socket.timeout:
+                continue
             except OSError:
                 return
+            c.settimeout(None)
             self.peers.append(addr)
-            threading.Thread(target=self._serve, args=(c, addr), daemon=True).start()
+            record = self._track(addr)
+            t = threading.Thread(target=self._serve, args=(c, addr, record), daemon=True)
+            self.serving.append(t)
+            t.start()
 
-    def _serve(self, c, addr):
+    def _track(self, addr):
+        return None
+
+    def close(self):
+        self.stopped = True
+        self.sock.close()
+        for t in [self.thread] + self.serving:
+            t.join(2)
+
+
+class EchoServer(TcpServer):
+    """Modes: 'echo' returns bytes; 'whoami' sends the client's address then echoes; 'hash'
+    reads to EOF and answers the SHA-256 of what it read."""
+
+    def __init__(self, ip, port, mode="echo"):
+        self.mode = mode
+        super().__init__(ip, port)
+
+    def _serve(self, c, addr, _record):
         try:
             if self.mode == "whoami":
                 c.sendall(("%s:%d\n" % addr).encode())
@@ -204,14 +232,6 @@ class EchoServer:
             pass
         finally:
             c.close()
-
-    def close(self):
-        self.stopped = True
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
 
 
 SOCKS_REPLIES = {0: "succeeded", 1: "general failure", 2: "not allowed by ruleset",

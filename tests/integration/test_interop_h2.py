@@ -82,35 +82,21 @@ def tls_client_context(ca_cert, cert, key, alpn=("h2",)):
 # ---------------------------------------------------------------------------------------------
 # Peers
 
-class RecordingEcho:
+class RecordingEcho(harness.TcpServer):
     """TCP echo server that records, per connection, the peer, the bytes and whether FIN came."""
 
     def __init__(self, ip, port):
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((ip, port))
-        self.sock.listen(64)
-        self.sock.settimeout(0.2)
         self.conns = []
         self.lock = threading.Lock()
-        self.stopped = False
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
+        super().__init__(ip, port, backlog=64)
 
-    def _accept(self):
-        while not self.stopped:
-            try:
-                c, addr = self.sock.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            rec = {"peer": addr, "data": b"", "fin": False, "closed": False}
-            with self.lock:
-                self.conns.append(rec)
-            threading.Thread(target=self._serve, args=(c, rec), daemon=True).start()
+    def _track(self, addr):
+        rec = {"peer": addr, "data": b"", "fin": False, "closed": False}
+        with self.lock:
+            self.conns.append(rec)
+        return rec
 
-    def _serve(self, c, rec):
+    def _serve(self, c, addr, rec):
         c.settimeout(0.2)
         deadline = time.time() + 60
         try:
@@ -131,39 +117,20 @@ class RecordingEcho:
             rec["closed"] = True
             c.close()
 
-    def close(self):
-        self.stopped = True
-        self.sock.close()
-        self.thread.join(2)
 
-
-class CloseFirstServer:
+class CloseFirstServer(harness.TcpServer):
     """TCP server that closes its sending side at once (FIN first), then counts what it reads."""
 
     def __init__(self, ip, port):
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((ip, port))
-        self.sock.listen(64)
-        self.sock.settimeout(0.2)
         self.conns = []
-        self.stopped = False
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
+        super().__init__(ip, port, backlog=64)
 
-    def _accept(self):
-        while not self.stopped:
-            try:
-                c, _ = self.sock.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            rec = {"bytes": 0, "fin": False}
-            self.conns.append(rec)
-            threading.Thread(target=self._serve, args=(c, rec), daemon=True).start()
+    def _track(self, addr):
+        rec = {"bytes": 0, "fin": False}
+        self.conns.append(rec)
+        return rec
 
-    def _serve(self, c, rec):
+    def _serve(self, c, addr, rec):
         c.settimeout(0.2)
         deadline = time.time() + 60
         try:
@@ -181,11 +148,6 @@ class CloseFirstServer:
             pass
         finally:
             c.close()
-
-    def close(self):
-        self.stopped = True
-        self.sock.close()
-        self.thread.join(2)
 
 
 class Stream:
@@ -329,7 +291,7 @@ class H2Client:
             pass
 
 
-class PyHboneServer:
+class PyHboneServer(harness.TcpServer):
     """python-h2 as an HBONE server on ip:port: mutual TLS 1.3, ALPN h2, CONNECT -> 200 + echo.
 
     Records every TLS connection (peer, TLS version, ALPN, client URI SANs, why it was dropped) and
@@ -344,34 +306,17 @@ class PyHboneServer:
         self.ctx.load_cert_chain(cert, key)
         self.ctx.set_alpn_protocols(["h2"])
         self.expect_client = expect_client
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((ip, port))
-        self.sock.listen(16)
-        self.sock.settimeout(0.2)
         self.conns = []
         self.requests = []
-        self.stopped = False
-        self.threads = [threading.Thread(target=self._accept, daemon=True)]
-        self.threads[0].start()
+        super().__init__(ip, port, backlog=16)
 
-    def _accept(self):
-        deadline = time.time() + 300
-        while not self.stopped and time.time() < deadline:
-            try:
-                c, addr = self.sock.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            rec = {"peer": addr, "tls": None, "alpn": None, "client_ids": [], "error": None,
-                   "streams": 0}
-            self.conns.append(rec)
-            t = threading.Thread(target=self._serve, args=(c, rec), daemon=True)
-            self.threads.append(t)
-            t.start()
+    def _track(self, addr):
+        rec = {"peer": addr, "tls": None, "alpn": None, "client_ids": [], "error": None,
+               "streams": 0}
+        self.conns.append(rec)
+        return rec
 
-    def _serve(self, raw, rec):
+    def _serve(self, raw, addr, rec):
         raw.settimeout(5)
         try:
             tls = self.ctx.wrap_socket(raw, server_side=True)
@@ -478,12 +423,6 @@ class PyHboneServer:
             if r["stream"] == sid:
                 return r
         raise AssertionError("no request for stream %d" % sid)
-
-    def close(self):
-        self.stopped = True
-        self.sock.close()
-        for t in self.threads:
-            t.join(2)
 
 
 # ---------------------------------------------------------------------------------------------
