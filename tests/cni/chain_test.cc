@@ -46,17 +46,15 @@ using cni::testing::CniRuntime;
 using cni::testing::PodRef;
 using Json = nlohmann::ordered_json;
 
-class Privileged : public ::testing::Environment {
+class Privileged : public testing::PrivilegedEnvironment {
  public:
   void SetUp() override {
-    testing::require_root();
+    PrivilegedEnvironment::SetUp();
     struct stat st {};
     if (stat("/usr/lib/cni/bridge", &st) != 0 || stat("/usr/lib/cni/host-local", &st) != 0) {
       testing::skip_privileged(
           "the CNI reference plugins are missing: apt-get install containernetworking-plugins");
     }
-    testing::sweep_leftovers();
-    log::set_level(log::Level::kWarn);
   }
 };
 const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Privileged);

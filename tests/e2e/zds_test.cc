@@ -76,18 +76,16 @@ std::string build_dir() {
 std::string proxy_binary() { return build_dir() + "/userspace/sockmesh-proxy"; }
 std::string loader_binary() { return build_dir() + "/loader/sockmesh-loader"; }
 
-class Privileged : public ::testing::Environment {
+class Privileged : public testing::PrivilegedEnvironment {
  public:
   void SetUp() override {
-    testing::require_root();
+    PrivilegedEnvironment::SetUp();
     for (const auto& bin : {proxy_binary(), loader_binary()}) {
       if (access(bin.c_str(), X_OK) != 0) {
         testing::skip_privileged(bin + " is not built (build sockmesh-proxy and sockmesh-loader)");
       }
     }
     if (access("/proc/thread-self/ns/net", R_OK) != 0) testing::skip_privileged("no netns support");
-    testing::sweep_leftovers();
-    log::set_level(log::Level::kWarn);
   }
 };
 const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Privileged);

@@ -28,15 +28,7 @@ namespace {
 
 using maps::ListenerKind;
 
-class Privileged : public ::testing::Environment {
- public:
-  void SetUp() override {
-    testing::require_root();
-    testing::sweep_leftovers();
-    log::set_level(log::Level::kWarn);
-  }
-};
-const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Privileged);
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new testing::PrivilegedEnvironment);
 
 constexpr size_t kMiB = size_t{1024} * 1024;
 

@@ -25,15 +25,7 @@ using maps::ListenerKind;
 using testing::EchoServer;
 using testing::Relay;
 
-class Privileged : public ::testing::Environment {
- public:
-  void SetUp() override {
-    testing::require_root();
-    testing::sweep_leftovers();
-    log::set_level(log::Level::kWarn);
-  }
-};
-const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Privileged);
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new testing::PrivilegedEnvironment);
 
 constexpr int kTimeoutMs = 5000;
 

@@ -24,15 +24,7 @@ namespace {
 using testing::must_run;
 using testing::run_command;
 
-class Privileged : public ::testing::Environment {
- public:
-  void SetUp() override {
-    testing::require_root();
-    testing::sweep_leftovers();
-    log::set_level(log::Level::kWarn);
-  }
-};
-const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new Privileged);
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new testing::PrivilegedEnvironment);
 
 bool exists(const std::string& path) {
   struct stat st {};

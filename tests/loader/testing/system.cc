@@ -16,7 +16,9 @@
 #include <sstream>
 #include <tuple>
 
+#include "base/log.h"
 #include "loader/attach/bpffs.h"
+#include "testing/privileged.h"
 
 namespace sockmesh::testing {
 namespace {
@@ -193,6 +195,12 @@ TestInstall::TestInstall(const std::string& cgroup, bool bypass) {
 TestInstall::~TestInstall() {
   auto s = loader::uninstall(options_.pin_root, /*force=*/true);
   EXPECT_TRUE(s) << s.error().message;
+}
+
+void PrivilegedEnvironment::SetUp() {
+  require_root();
+  sweep_leftovers();
+  log::set_level(log::Level::kWarn);
 }
 
 }  // namespace sockmesh::testing

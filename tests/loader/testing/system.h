@@ -1,4 +1,5 @@
 #pragma once
+#include <gtest/gtest.h>
 // Test scaffolding that touches the system: commands, network namespaces, veth pairs, cgroups
 // and sockmesh installs made by the test under unique names and removed by destructors, so that
 // a failing test (an ASSERT returning early) leaves nothing behind.
@@ -30,6 +31,13 @@ std::string unique_name(const std::string& prefix);
 
 // Removes namespaces, cgroups and pin roots of test processes that no longer exist.
 void sweep_leftovers();
+
+// The global environment of a privileged test: root, or a loud skip (exit 77); leftovers of
+// crashed runs swept; the project's logs at warn. Tests with more needs derive and add them.
+class PrivilegedEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override;
+};
 
 class ScopedNetns {
  public:
