@@ -25,7 +25,6 @@ import signal
 import subprocess
 import tempfile
 import time
-import urllib.parse
 
 import yaml
 
@@ -444,6 +443,10 @@ class Node:
     def metrics(self):
         return self.http("127.0.0.1:15020", "/metrics")
 
+    def datapath_counter(self, name):
+        """A kernel datapath counter (sockmesh_datapath_<name>_total) as the proxy exports it."""
+        return metric_value(self.metrics(), "sockmesh_datapath_%s_total" % name)
+
     def config_dump(self):
         return json.loads(self.http("127.0.0.1:15000", "/config_dump"))
 
@@ -666,8 +669,7 @@ class Cluster:
                 d = n.config_dump()
             except (ClusterError, ValueError):
                 return False
-            have = sorted(ip for w in d.get("workloads", []) if not w.get("fromWorkloadMap")
-                          for ip in w.get("workloadIps", []))
+            have = sorted(ip for w in d.get("workloads", []) for ip in w.get("workloadIps", []))
             pols = sorted(p.get("name") for p in d.get("policies", []))
             return set(ips) <= set(have) and pols == names
         for n in self.nodes:
@@ -777,9 +779,6 @@ def metric_value(text, name, **labels):
         total += float(value.split()[0])
     return total
 
-
-def quote(s):
-    return urllib.parse.quote(s, safe="")
 
 
 # The topology of the demo and of the end-to-end tests:

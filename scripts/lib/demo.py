@@ -65,10 +65,6 @@ def access(node, *needles):
     return lines
 
 
-def metrics(node):
-    return node.metrics()
-
-
 def flow(title, src, target, size, expect_server, **extra):
     args = ["--bytes", size]
     for k, v in extra.items():
@@ -95,10 +91,6 @@ def tshark(pcap, *args):
     return subprocess.run(["tshark", "-r", pcap, "-d", "tcp.port==15008,tls"] + list(args),
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                           timeout=60).stdout
-
-
-def datapath(node, name):
-    return C.metric_value(node.metrics(), "sockmesh_datapath_%s_total" % name)
 
 
 def demo(keep):
@@ -129,7 +121,7 @@ def demo(keep):
             say(DIM + ln + RESET)
         check(client.identity.split("/sa/")[1] in out, "no record for the client's identity")
 
-        before = {n.name: metrics(n) for n in c.nodes}
+        before = {n.name: n.metrics() for n in c.nodes}
         step("4/8 pod -> pod on the same node (client -> echo-a, HBONE inside node-a)")
         flow("client -> %s:8080" % echo_a.ip, client, "%s:8080" % echo_a.ip, MiB, "shop/echo-a")
         for ln in access(a, "direction=inbound", "dst.addr=%s:8080" % echo_a.ip)[:1]:
@@ -172,12 +164,12 @@ def demo(keep):
         good("the cross-node hop is mTLS 1.3, ALPN h2, to 15008, and carries no plaintext")
 
         step("6/8 legacy pods (not in the mesh) -> a mesh pod: plaintext captured on 15006")
-        in_before = datapath(a, "captured_inbound")
+        in_before = a.datapath_counter("captured_inbound")
         flow("legacy-b (node-b) -> echo-a:8080", legacy_b, "%s:8080" % echo_a.ip, 256 * 1024,
              "shop/echo-a")
         for ln in access(a, "direction=inbound", "src.addr=%s" % legacy_b.ip)[:1]:
             say("node-a access: " + short_access(ln))
-        say("node-a tc captured_inbound: +%d" % (datapath(a, "captured_inbound") - in_before))
+        say("node-a tc captured_inbound: +%d" % (a.datapath_counter("captured_inbound") - in_before))
         say("adding policy deny-legacy in namespace shop: Deny from %s/32" % legacy_b.ip)
         c.set_policies([{"name": "deny-legacy", "namespace": "shop", "scope": "Namespace",
                          "action": "Deny", "rules": [[[{"sourceIps": ["%s/32" % legacy_b.ip]}]]]}])
@@ -208,7 +200,7 @@ def demo(keep):
                   ("sockmesh_datapath_bypass_sends_total", {}),
                   ("sockmesh_datapath_bypass_misses_total", {}),
                   ("sockmesh_datapath_sockops_inserted_total", {})]
-        after = {n.name: metrics(n) for n in c.nodes}
+        after = {n.name: n.metrics() for n in c.nodes}
         say("%-62s %10s %10s" % ("series", "node-a", "node-b"))
         for name, labels in series:
             tag = name + ("{%s}" % ",".join('%s="%s"' % kv for kv in labels.items())
@@ -216,7 +208,7 @@ def demo(keep):
             deltas = [C.metric_value(after[n], name, **labels) -
                       C.metric_value(before[n], name, **labels) for n in ("node-a", "node-b")]
             say("%-62s %10d %10d" % (tag, deltas[0], deltas[1]))
-        check(datapath(a, "bypass_sends") > 0, "the sockmap bypass was never taken")
+        check(a.datapath_counter("bypass_sends") > 0, "the sockmap bypass was never taken")
         good("the app <-> proxy hops in the pods went through the sockmap bypass")
 
         if keep:

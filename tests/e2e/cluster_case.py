@@ -93,9 +93,6 @@ class ClusterCase(unittest.TestCase):
         except ClusterError:
             return []
 
-    def counter(self, node, name):
-        return metric_value(node.metrics(), "sockmesh_datapath_%s_total" % name)
-
     def report_of(self, proc, timeout=60):
         """The JSON report a background podapp client prints last."""
         import json

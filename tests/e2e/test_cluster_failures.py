@@ -90,9 +90,9 @@ class Failures(ClusterCase):
         for s in streams:
             r = self.report_of(s, 20)
             self.assertTrue(r["ok"], "%s broke across the agent restart: %s" % (s.name, r))
-        captured = self.counter(self.a, "captured_outbound")
+        captured = self.a.datapath_counter("captured_outbound")
         self.assert_fresh_traffic_flows()
-        self.assertEqual(self.counter(self.a, "captured_outbound") - captured, 2,
+        self.assertEqual(self.a.datapath_counter("captured_outbound") - captured, 2,
                          "tc capture kept working across the restart")
 
     def tc_program_ids(self, pod):

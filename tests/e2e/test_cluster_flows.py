@@ -24,7 +24,7 @@ class Flows(ClusterCase):
         client = self.client
         echo_a, echo_b = self.pods["echo-a"], self.pods["echo-b"]
         legacy_a, legacy_b = self.pods["legacy-a"], self.pods["legacy-b"]
-        out_a, in_a = self.counter(self.a, "captured_outbound"), self.counter(self.a,
+        out_a, in_a = self.a.datapath_counter("captured_outbound"), self.counter(self.a,
                                                                                "captured_inbound")
 
         # 1. pod -> pod on one node: HBONE to echo-a's own 15008.
@@ -65,10 +65,10 @@ class Flows(ClusterCase):
 
         # tc assigned every outbound SYN of the client (flows 1, 2, 4) and the two plaintext
         # inbound ones; node-b's capture saw no inbound plaintext (only HBONE arrived there).
-        self.assertEqual(self.counter(self.a, "captured_outbound") - out_a, 3)
-        self.assertEqual(self.counter(self.a, "captured_inbound") - in_a, 2)
-        self.assertEqual(self.counter(self.b, "captured_inbound"), 0)
-        self.assertGreater(self.counter(self.a, "bypass_sends"), 0,
+        self.assertEqual(self.a.datapath_counter("captured_outbound") - out_a, 3)
+        self.assertEqual(self.a.datapath_counter("captured_inbound") - in_a, 2)
+        self.assertEqual(self.b.datapath_counter("captured_inbound"), 0)
+        self.assertGreater(self.a.datapath_counter("bypass_sends"), 0,
                            "the app <-> proxy hop in the pods never took the sockmap bypass")
         # Pods outside the mesh have no workload record and no proxy listeners.
         status = self.a.loader("status")
@@ -177,8 +177,8 @@ class Flows(ClusterCase):
                                         {"principals": ["cluster.local/ns/shop/sa/nobody"]}]]]}])
         r = legacy.client("%s:%d" % (echo_a.ip, APP_PORT), "--bytes", 4096, "--timeout", 5)
         self.assertFalse(r["ok"], "the policy did not refuse captured traffic: %s" % r)
-        captured = self.counter(self.a, "captured_inbound")
-        exempt = self.counter(self.a, "node_exempt")
+        captured = self.a.datapath_counter("captured_inbound")
+        exempt = self.a.datapath_counter("node_exempt")
         # The kubelet's probe: from node-a's own address on the pods' bridge.
         out = self.a.sh([cluster.PYTHON, cluster.PODAPP, "client", "--target",
                          "%s:%d" % (echo_a.ip, APP_PORT), "--bytes", "1024", "--timeout", "5"],
@@ -186,8 +186,8 @@ class Flows(ClusterCase):
         probe = json.loads(out.strip().splitlines()[-1])
         self.assertTrue(probe["ok"], "the probe from the node failed: %s" % probe)
         self.assertEqual(probe["seen_as"], [self.a.gateway], "the app sees the node's address")
-        self.assertEqual(self.counter(self.a, "node_exempt") - exempt, 1)
-        self.assertEqual(self.counter(self.a, "captured_inbound"), captured)
+        self.assertEqual(self.a.datapath_counter("node_exempt") - exempt, 1)
+        self.assertEqual(self.a.datapath_counter("captured_inbound"), captured)
         self.assertIn("reach pods uncaptured", self.a.agent.log())
 
     def test_500_concurrent_connections_across_nodes_each_intact(self):
