@@ -25,12 +25,14 @@
 #include "base/log.h"
 #include "cni/event/pod_event.h"
 #include "loader/agent/cni_server.h"
+#include "testing/cni_runtime.h"
 
 namespace sockmesh::cni {
 namespace {
 
 using namespace std::chrono_literals;
 using Json = nlohmann::ordered_json;
+using testing::PluginRun;
 
 // The result bridge + host-local gave on this machine (Debian containernetworking-plugins 1.1.1).
 constexpr char kBridgeResult[] = R"({
@@ -53,51 +55,9 @@ std::string binary() {
   return std::string(build ? build : ".") + "/cni/sockmesh-cni";
 }
 
-struct PluginRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-  Json json() const { return Json::parse(out); }
-};
-
 // Runs the binary as a runtime does: environment replaced, config on stdin.
 PluginRun run_binary(const std::map<std::string, std::string>& env, const std::string& input) {
-  int in[2], out[2], err[2];
-  EXPECT_EQ(pipe(in), 0);
-  EXPECT_EQ(pipe(out), 0);
-  EXPECT_EQ(pipe(err), 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    dup2(in[0], 0);
-    dup2(out[1], 1);
-    dup2(err[1], 2);
-    for (int fd : {in[0], in[1], out[0], out[1], err[0], err[1]}) close(fd);
-    std::vector<std::string> kv;
-    for (const auto& [k, v] : env) kv.push_back(k + "=" + v);
-    std::vector<char*> envp;
-    for (auto& s : kv) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    std::string path = binary();
-    char* argv[] = {path.data(), nullptr};
-    execve(path.c_str(), argv, envp.data());
-    _exit(127);
-  }
-  close(in[0]);
-  close(out[1]);
-  close(err[1]);
-  (void)!write(in[1], input.data(), input.size());
-  close(in[1]);
-  PluginRun r;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(out[0], buf, sizeof(buf))) > 0) r.out.append(buf, static_cast<size_t>(n));
-  while ((n = read(err[0], buf, sizeof(buf))) > 0) r.err.append(buf, static_cast<size_t>(n));
-  close(out[0]);
-  close(err[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return testing::run_plugin_process(binary(), env, input);
 }
 
 // A stand-in for the node agent: answers with `reply`, counts events.

@@ -60,29 +60,39 @@ PluginRun CniRuntime::exec(const std::string& type, const std::string& command, 
       {"PATH", "/usr/sbin:/usr/bin:/sbin:/bin"},
   };
   for (const auto& [k, v] : extra) env[k] = v;
-  std::string path = find_plugin(type);
+  std::map<std::string, std::string> set;
+  for (const auto& [k, v] : env) {
+    if (!v.empty() || k == "CNI_NETNS") set[k] = v;
+  }
+  PluginRun run = run_plugin_process(find_plugin(type), set, stdin_text, node_netns_);
+  run.type = type;
+  return run;
+}
+
+PluginRun run_plugin_process(const std::string& path, const std::map<std::string, std::string>& env,
+                             const std::string& stdin_text, const std::string& netns_path) {
   int in[2], out[2], err[2];
   PluginRun run;
-  run.type = type;
   if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
     return run;
   }
   pid_t pid = fork();
   if (pid == 0) {
-    int node = open(node_netns_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (node < 0 || setns(node, CLONE_NEWNET) != 0) _exit(126);
+    if (!netns_path.empty()) {
+      int node = open(netns_path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (node < 0 || setns(node, CLONE_NEWNET) != 0) _exit(126);
+    }
     dup2(in[0], 0);
     dup2(out[1], 1);
     dup2(err[1], 2);
     std::vector<std::string> kv;
-    for (const auto& [k, v] : env) {
-      if (!v.empty() || k == "CNI_NETNS") kv.push_back(k + "=" + v);
-    }
+    for (const auto& [k, v] : env) kv.push_back(k + "=" + v);
     std::vector<char*> envp;
     for (auto& s : kv) envp.push_back(s.data());
     envp.push_back(nullptr);
-    char* argv[] = {path.data(), nullptr};
-    execve(path.c_str(), argv, envp.data());
+    std::string exe = path;
+    char* argv[] = {exe.data(), nullptr};
+    execve(exe.c_str(), argv, envp.data());
     _exit(127);
   }
   close(in[0]);

@@ -26,7 +26,13 @@ struct PluginRun {
   int exit_code = -1;
   std::string out;
   std::string err;
+  nlohmann::ordered_json json() const { return nlohmann::ordered_json::parse(out); }
 };
+
+// Runs the plugin at `path` as a runtime does: exactly `env` as its environment, `stdin_text` on
+// stdin, stdout and stderr captured; inside the netns at `netns_path` when it is not empty.
+PluginRun run_plugin_process(const std::string& path, const std::map<std::string, std::string>& env,
+                             const std::string& stdin_text, const std::string& netns_path = "");
 
 struct ChainRun {
   std::vector<PluginRun> plugins;  // in the order they ran; stops at the first failure
