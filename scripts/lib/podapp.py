@@ -23,12 +23,10 @@ import sys
 import time
 
 
-TEXT = [None]  # --text: the payload is this text repeated instead of pseudo-random bytes
-
-
-def pattern(seed, size):
-    if TEXT[0]:
-        return (TEXT[0] * (size // len(TEXT[0]) + 1))[:size]
+def pattern(seed, size, text=b""):
+    """`size` pseudo-random bytes from `seed`, or `text` repeated (--text)."""
+    if text:
+        return (text * (size // len(text) + 1))[:size]
     return random.Random(seed).randbytes(size)
 
 
@@ -104,7 +102,7 @@ async def one_connection(args, index, report):
                 end = time.monotonic() + args.stream_seconds
                 i = 0
                 while time.monotonic() < end:
-                    chunk = pattern(seed + i, args.chunk)
+                    chunk = pattern(seed + i, args.chunk, args.text.encode())
                     i += 1
                     sent_hash.update(chunk)
                     sent += len(chunk)
@@ -112,7 +110,7 @@ async def one_connection(args, index, report):
                     await asyncio.wait_for(writer.drain(), args.timeout)
                     await asyncio.sleep(0.01)
             else:
-                data = pattern(seed, args.bytes)
+                data = pattern(seed, args.bytes, args.text.encode())
                 sent_hash.update(data)
                 for off in range(0, len(data), 65536):
                     writer.write(data[off:off + 65536])
@@ -182,8 +180,6 @@ def main(argv):
     c.add_argument("--chunk", type=int, default=16384)
     c.add_argument("--text", default="", help="send this text repeated (to find it on a wire)")
     args = p.parse_args(argv)
-    if args.mode == "client" and args.text:
-        TEXT[0] = args.text.encode()
     if args.mode == "serve":
         try:
             asyncio.run(serve(args))
