@@ -24,8 +24,8 @@ class Flows(ClusterCase):
         client = self.client
         echo_a, echo_b = self.pods["echo-a"], self.pods["echo-b"]
         legacy_a, legacy_b = self.pods["legacy-a"], self.pods["legacy-b"]
-        out_a, in_a = self.a.datapath_counter("captured_outbound"), self.counter(self.a,
-                                                                               "captured_inbound")
+        out_a = self.a.datapath_counter("captured_outbound")
+        in_a = self.a.datapath_counter("captured_inbound")
 
         # 1. pod -> pod on one node: HBONE to echo-a's own 15008.
         r = self.talk(client, "%s:%d" % (echo_a.ip, APP_PORT), 2 * MiB)
