@@ -350,6 +350,12 @@ void H2Connection::take_over_tls() {
   if (old != nullptr && BIO_ctrl_wpending(old) != 0) takeover_failed_ = true;
   // asio asks for partial writes (SSL_write returns after each record); one call per batch here.
   SSL_clear_mode(ssl_, SSL_MODE_ENABLE_PARTIAL_WRITE);
+  // The context releases OpenSSL's record buffers whenever they are empty, which suits
+  // connections that sit in a handshake or idle; an established HBONE connection would then
+  // allocate and free both (about 17 KiB each) for every small message. Keep them for its life.
+  SSL_clear_mode(ssl_, SSL_MODE_RELEASE_BUFFERS);
+  // Take a whole buffer of records from our BIO per call, not a 5-byte header and then a body.
+  SSL_set_read_ahead(ssl_, 1);
   BIO* bio = BIO_new(TlsBio::method());
   BIO_set_data(bio, this);
   SSL_set_bio(ssl_, bio, bio);  // frees asio's half of the pair; asio frees the other
