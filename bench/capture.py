@@ -125,13 +125,24 @@ def _parse(data):
     return out
 
 
-class ZdsClient:
-    """Hands pods to the proxy's --zds-socket, like the node agent does. Kept open for the run."""
+class ZdsAgent:
+    """The node agent's side of ZDS, as Istio's: serves the socket the proxy's --zds-socket
+    connects to, and hands it pods. Kept open for the run."""
 
-    def __init__(self, path, timeout=5.0):
-        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.s.settimeout(timeout)
-        self.s.connect(path)
+    def __init__(self, path):
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.listener.bind(path)
+        self.listener.listen(1)
+        self.s = None
+
+    def accept(self, timeout=20.0):
+        """Waits for the proxy to connect and say hello."""
+        self.listener.settimeout(timeout)
+        try:
+            self.s, _ = self.listener.accept()
+        except socket.timeout:
+            raise BenchError("the proxy did not connect to the ZDS socket within %gs" % timeout)
+        self.s.settimeout(5.0)
         hello = _parse(self.s.recv(65536))
         if not any(n == 1 and v == 1 for n, _, v in hello):
             raise BenchError("unexpected ZDS hello %r" % hello)
@@ -166,7 +177,9 @@ class ZdsClient:
         self._request(_field_bytes(3, b""))
 
     def close(self):
-        self.s.close()
+        if self.s is not None:
+            self.s.close()
+        self.listener.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,6 +332,8 @@ class CaptureBench:
                     "  serviceAccount: app\n  workloadIps: [%s]\n  protocol: HBONE\n"
                     "  node: some-other-node\n" % (key, key, pod_ip))
         sock = os.path.join(self.tmp, "zds-%s.sock" % key)
+        z = ZdsAgent(sock)  # listening before the proxy starts, which connects to it
+        self.zds.append(z)
         port = {"bypass": 0, "nobypass": 1}[key]
         p = self.start("proxy-" + key, [
             self.proxy_bin, "--node", NODE_NAME, "--config", cfg,
@@ -328,12 +343,8 @@ class CaptureBench:
             "--readiness", "127.0.0.1:%d" % (15021 + port * 100),
             "--log-level", "warn"] + self.workers_args(), netns=node, cgroup=cgroup)
 
-        def up():
-            self.check_alive(p)
-            return os.path.exists(sock)
-        wait_until(up, 20, "the %s proxy's ZDS socket" % key)
-        z = ZdsClient(sock)
-        self.zds.append(z)
+        z.accept()
+        self.check_alive(p)
         z.add("uid-" + key, "app-" + key, "bench", "app", [pod_ip], "/run/netns/" + pod)
         z.snapshot_sent()
         wait_until(lambda: ":%d" % SM_PORT_OUTBOUND in run(["ip", "netns", "exec", pod, "ss",

@@ -15,7 +15,7 @@
 #include "base/ip_address.h"
 #include "base/log.h"
 #include "loader/agent/run.h"
-#include "loader/agent/zds_client.h"
+#include "loader/agent/zds_server.h"
 #include "loader/attach/node.h"
 #include "loader/attach/pod.h"
 #include "loader/maps/counters.h"
@@ -49,7 +49,8 @@ commands:
               the sockmesh-cni plugin reports them (socket <run dir, default /var/run/sockmesh>/
               cni.sock) and as namespace labels change (istio.io/dataplane-mode=ambient), from the
               Kubernetes API (in-cluster, or --kubeconfig) or the local config file (--config; the
-              embedded default without it). Hands enrolled pods to the proxy at --zds-socket.
+              embedded default without it). Serves ZDS on --zds-socket (Istio's path is
+              /var/run/ztunnel/ztunnel.sock): the proxy connects there and is handed the pods.
               Runs until SIGTERM/SIGINT; a restarted agent adopts what it enrolled.
               Connections from the node's own addresses (the kubelet's probes) reach pods
               uncaptured; --capture-node-traffic captures them like any other.
@@ -220,9 +221,11 @@ int run_agent(const std::string& root, const Args& args) {
   }
   std::unique_ptr<agent::WorkloadHandoff> handoff;
   if (auto zds = args.value("--zds-socket"); !zds.empty()) {
-    agent::ZdsClientOptions zds_options;
+    agent::ZdsServerOptions zds_options;
     zds_options.socket_path = zds;
-    handoff = std::make_unique<agent::ZdsClient>(zds_options);
+    auto server = agent::ZdsServer::listen(zds_options);
+    if (!server) return fail(maps::Error{server.error().code, "--zds-socket: " + server.error().message});
+    handoff = std::move(server).value();
   }
   return agent::run_agent(options, std::move(handoff));
 }

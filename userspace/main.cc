@@ -170,10 +170,12 @@ int main(int argc, char** argv) {
         });
   }
   if (auto err = proxy.start()) return fail(*err);
-  std::unique_ptr<proxy::ZdsServer> zds;
+  std::unique_ptr<proxy::ZdsClient> zds;
   if (!cfg.zds_socket.empty()) {
-    zds = std::make_unique<proxy::ZdsServer>(
-        proxy, proxy::ZdsOptions{cfg.zds_socket, cfg.bpf_pin_root});
+    proxy::ZdsOptions zds_options;
+    zds_options.socket_path = cfg.zds_socket;
+    zds_options.pin_root = cfg.bpf_pin_root;
+    zds = std::make_unique<proxy::ZdsClient>(proxy, zds_options);
     if (auto err = zds->start()) {
       proxy.stop();
       return fail(*err);

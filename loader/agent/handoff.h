@@ -1,7 +1,7 @@
 #pragma once
 // How the node agent hands enrolled pods to the proxy: the proxy opens its 15001/15006/15008
 // listeners inside each pod's network namespace and registers them for tc. The implementation is
-// ZdsClient (zds_client.h); tests and the agent's own tests can substitute a fake.
+// ZdsServer (zds_server.h); tests and the agent's own tests can substitute a fake.
 #include <string>
 #include <vector>
 

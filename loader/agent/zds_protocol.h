@@ -23,17 +23,20 @@
 // Extension: ZDS does not carry the pod's IPs (ztunnel learns them from xDS); sockmesh needs them
 // to register the in-pod listeners under (pod IP, listener kind) for tc. They travel in field 1000
 // of AddWorkload, one entry per IP, 4 bytes (IPv4) or 16 bytes (IPv6) in network order, the way
-// Istio's workload.proto encodes addresses. A ZDS peer that does not know the field skips it.
+// Istio's workload.proto encodes addresses. A ZDS peer that does not know the field skips it; an
+// add without it (from Istio's agent) makes sockmesh's proxy read the addresses of the pod's
+// interfaces inside its netns instead.
 //
-// Sequence (each request is answered by exactly one WorkloadResponse before the next is sent):
-//   proxy -> agent   ZdsHello{V1}, right after the connection is accepted
+// Sequence, as in Istio (each request is answered by exactly one WorkloadResponse before the next
+// is sent). The node agent listens (Istio's path: /var/run/ztunnel/ztunnel.sock); the proxy
+// connects, and connects again whenever the connection ends:
+//   proxy -> agent   ZdsHello{V1}, right after connecting
 //   agent -> proxy   add (with the netns fd) or keep, for every pod the agent knows
 //   agent -> proxy   snapshot_sent: the proxy closes the pods that were neither added nor kept
 //   agent -> proxy   add / del as pods come and go
 // keep and snapshot_sent are valid only before the first snapshot_sent of a connection; a second
-// full snapshot needs a new connection. In Istio the proxy (ztunnel) connects to the agent; in
-// sockmesh the proxy listens (--zds-socket) and the agent connects, so that the agent, which
-// outlives proxy restarts, notices a restart and replays its snapshot.
+// full snapshot needs a new connection. A restarted proxy, or a restarted agent, therefore meets
+// its peer on a new connection and gets (or sends) the whole snapshot.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -47,8 +50,11 @@
 namespace sockmesh::zds {
 
 inline constexpr uint32_t kVersionV1 = 1;
-// Largest message either side sends or accepts (an add with a few IPs is well under 1 KiB).
+// Largest message either side accepts. Istio's peers read into 1 KiB: sockmesh's agent keeps the
+// messages it sends under kMaxSentBytes by leaving IPs out of an add that would not fit (the
+// proxy then reads them in the pod's netns).
 inline constexpr size_t kMaxMessageBytes = 64 * 1024;
+inline constexpr size_t kMaxSentBytes = 1024;
 
 struct Hello {
   uint32_t version = kVersionV1;

@@ -571,10 +571,12 @@ TEST_F(ChainTest, WithTheRealProxyTheEnrolledPodGetsItsListenersAndLosesThemOnDe
                       (dir_.path / "state").string(), "--zds-socket", zds, "--bpf-pin-root",
                       install_.root(), "--workers", "1", "--log-level", "info"},
                      (dir_.path / "proxy.log").string());
-  ASSERT_TRUE(eventually([&] { return fs::exists(zds); })) << proxy.log();
-
+  // As with Istio, the agent serves ZDS and the proxy connects (retrying until the agent is up).
   AgentProcess agent(install_.root(), run_dir, config_path(), {"--zds-socket", zds});
   ASSERT_TRUE(agent.ready()) << agent.log();
+  ASSERT_TRUE(eventually([&] {
+    return proxy.log().find("connected to the node agent on " + zds) != std::string::npos;
+  })) << proxy.log();
   Json list = conflist();
   list["plugins"][1]["agent_socket"] = (run_dir / "cni.sock").string();
   list["plugins"][1]["namespace_hints"] = (run_dir / "cni-namespaces.json").string();

@@ -1,7 +1,7 @@
 // In-pod mode end to end, on one simulated node: two pods (network namespaces with a veth each
 // to a "node" namespace), sockmesh installed and the pods enrolled with the real sockmesh-loader
-// CLI, the real sockmesh-proxy running in the node namespace with --zds-socket, and a ZdsClient
-// handing the pods over. Every connection below is made by an "app" in a pod or by a client in the
+// CLI, the real sockmesh-proxy running in the node namespace with --zds-socket, connecting to a
+// ZdsServer (the node agent's side) that hands the pods over. Every connection below is made by an "app" in a pod or by a client in the
 // node namespace, and is captured by tc into the proxy's listeners inside the pods.
 //
 //   pod A 10.201.1.2 (ns-a/sa-a) --veth-- node 10.201.1.1 | 10.201.2.1 --veth-- pod B 10.201.2.2
@@ -32,7 +32,7 @@
 #include <thread>
 
 #include "base/log.h"
-#include "loader/agent/zds_client.h"
+#include "loader/agent/zds_server.h"
 #include "loader/maps/counters.h"
 #include "loader/maps/listener_map.h"
 #include "sockmesh/consts.h"
@@ -322,14 +322,15 @@ class ZdsEndToEnd : public ::testing::Test {
   node: some-other-node
 )";
     zds_socket_ = tmp_.path() + "/zds.sock";
-    start_proxy();
-    agent::ZdsClientOptions o;
+    agent::ZdsServerOptions o;
     o.socket_path = zds_socket_;
-    o.retry_min = 20ms;
-    o.retry_max = 200ms;
-    client_.emplace(o);
-    ASSERT_TRUE(eventually([&] { return access(zds_socket_.c_str(), F_OK) == 0; }))
-        << "the proxy did not open " << zds_socket_ << "\n"
+    auto server = agent::ZdsServer::listen(o);
+    ASSERT_TRUE(server) << server.error().message;
+    agent_ = std::move(server).value();
+    start_proxy();
+    ASSERT_TRUE(eventually([&] {
+      return !lines_with(proxy_->log(), {"connected to the node agent on", zds_socket_}).empty();
+    })) << "the proxy did not connect to " << zds_socket_ << "\n"
         << proxy_->log();
     const Endpoint readiness{*IpAddress::parse("127.0.0.1"), 15021};
     // Until the node agent's first snapshot the proxy does not know its pods: not ready.
@@ -337,9 +338,10 @@ class ZdsEndToEnd : public ::testing::Test {
       return http_get(node_.ns().path(), readiness, "/healthz/ready").find("first snapshot") !=
              std::string::npos;
     })) << http_get(node_.ns().path(), readiness, "/healthz/ready");
-    auto s = client_->sync({pod_workload(*pod_a_, {kPodA, kPodA6}, "uid-a", "a", "ns-a", "sa-a"),
-                            pod_workload(*pod_b_, {kPodB, kPodB6}, "uid-b", "b", "ns-b", "sa-b")});
+    auto s = agent_->sync({pod_workload(*pod_a_, {kPodA, kPodA6}, "uid-a", "a", "ns-a", "sa-a"),
+                           pod_workload(*pod_b_, {kPodB, kPodB6}, "uid-b", "b", "ns-b", "sa-b")});
     ASSERT_TRUE(s) << s.error().message << "\n" << proxy_->log();
+    ASSERT_EQ(agent_->sessions(), 1u);
     EXPECT_TRUE(eventually([&] {
       return http_get(node_.ns().path(), readiness, "/healthz/ready") == "ready\n";
     })) << http_get(node_.ns().path(), readiness, "/healthz/ready");
@@ -422,7 +424,7 @@ class ZdsEndToEnd : public ::testing::Test {
   std::string zds_socket_;
   int proxy_runs_ = 0;
   std::optional<ProxyProcess> proxy_;
-  std::optional<agent::ZdsClient> client_;
+  std::unique_ptr<agent::ZdsServer> agent_;
 };
 
 TEST_F(ZdsEndToEnd, PodsHandedOverByZdsGetListenersInTheirOwnNetns) {
@@ -580,7 +582,7 @@ TEST_F(ZdsEndToEnd, IdentityComesFromTheWorkloadMapWhenTheConfigDoesNotListThePo
 TEST_F(ZdsEndToEnd, DelClosesThePodsListenersAndAddBringsThemBack) {
   auto hbone_b = Endpoint{kPodB, SM_PORT_HBONE};
   ASSERT_TRUE(slot(kPodB, ListenerKind::kOutbound));
-  ASSERT_TRUE(client_->remove("uid-b"));
+  ASSERT_TRUE(agent_->remove("uid-b"));
   EXPECT_FALSE(slot(kPodB, ListenerKind::kOutbound));
   EXPECT_FALSE(slot(kPodB, ListenerKind::kInboundPlain));
   EXPECT_FALSE(slot(kPodB, ListenerKind::kHbone));
@@ -593,23 +595,45 @@ TEST_F(ZdsEndToEnd, DelClosesThePodsListenersAndAddBringsThemBack) {
   EXPECT_EQ(ss.find(":15001"), std::string::npos) << ss;
   EXPECT_NE(metrics().find("sockmesh_zds_pods 1"), std::string::npos);
 
-  ASSERT_TRUE(client_->add(pod_workload(*pod_b_, {kPodB, kPodB6}, "uid-b", "b", "ns-b", "sa-b")));
+  ASSERT_TRUE(agent_->add(pod_workload(*pod_b_, {kPodB, kPodB6}, "uid-b", "b", "ns-b", "sa-b")));
   EXPECT_TRUE(slot(kPodB, ListenerKind::kOutbound));
   EchoServer app_b(pod_b_->path(), Endpoint{kPodB, kAppPort});
   app_in_a_talks_to(Endpoint{kPodB, kAppPort}, 64 * 1024, 4);
 }
 
-TEST_F(ZdsEndToEnd, AfterAProxyRestartTheClientReplaysAndTrafficFlowsAgain) {
+// Istio's node agent sends no IPs (they are sockmesh's field 1000): the proxy reads the pod's
+// addresses inside its netns, registers its listeners under both families, and serves the pod.
+TEST_F(ZdsEndToEnd, AnAddWithoutIpsIsServedUnderThePodsOwnAddresses) {
+  ASSERT_TRUE(agent_->remove("uid-b"));
+  ASSERT_FALSE(slot(kPodB, ListenerKind::kOutbound));
+  ASSERT_TRUE(agent_->add(pod_workload(*pod_b_, {}, "uid-b", "b", "ns-b", "sa-b")));
+  for (const auto& ip : {kPodB, kPodB6}) {
+    EXPECT_TRUE(slot(ip, ListenerKind::kOutbound)) << ip.to_string();
+    EXPECT_TRUE(slot(ip, ListenerKind::kInboundPlain)) << ip.to_string();
+    EXPECT_TRUE(slot(ip, ListenerKind::kHbone)) << ip.to_string();
+  }
+  EXPECT_FALSE(lines_with(proxy_->log(), {"pod uid-b", "addresses read from the pod's interfaces"})
+                   .empty())
+      << proxy_->log();
+  EchoServer app_b(pod_b_->path(), Endpoint{kPodB, kAppPort});
+  EchoServer app_b6(pod_b_->path(), Endpoint{kPodB6, kAppPort});
+  app_in_a_talks_to(Endpoint{kPodB, kAppPort}, 64 * 1024, 9);
+  app_in_a_talks_to(Endpoint{kPodB6, kAppPort}, 64 * 1024, 10);
+  EXPECT_EQ(app_b.accepted(), 1);
+  EXPECT_EQ(app_b6.accepted(), 1);
+}
+
+TEST_F(ZdsEndToEnd, AfterAProxyRestartItReconnectsGetsTheSnapshotAndTrafficFlowsAgain) {
   EchoServer server(node_.ns().path(), Endpoint{kServer, kServerPort});
   EchoServer app_b(pod_b_->path(), Endpoint{kPodB, kAppPort});
   app_in_a_talks_to(Endpoint{kPodB, kAppPort}, 64 * 1024, 5);
-  uint64_t sessions = client_->sessions();
+  uint64_t sessions = agent_->sessions();
 
   ASSERT_EQ(proxy_->stop(), 0) << "the proxy drains and exits cleanly on SIGTERM";
   EXPECT_FALSE(slot(kPodA, ListenerKind::kOutbound)) << "its sockets left the map with it";
   start_proxy();
-  ASSERT_TRUE(client_->wait_connected(20s, sessions + 1))
-      << "the client did not replay its snapshot to the new proxy\n"
+  ASSERT_TRUE(agent_->wait_connected(20s, sessions + 1))
+      << "the new proxy did not connect and get the snapshot\n"
       << proxy_->log();
   EXPECT_TRUE(slot(kPodA, ListenerKind::kOutbound));
   EXPECT_TRUE(slot(kPodB, ListenerKind::kInboundPlain));

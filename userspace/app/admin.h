@@ -22,7 +22,7 @@ struct AdminSources {
   std::string node_name;
   std::string config_source;  // file path or "embedded default"
   std::string bpf_pin_root;   // datapath counters are exported from here when pinned
-  const proxy::ZdsServer* zds = nullptr;  // in-pod mode: ready only after the first snapshot
+  const proxy::ZdsClient* zds = nullptr;  // in-pod mode: ready only after the first snapshot
 };
 
 // The kernel datapath's per-CPU counters (summed) in Prometheus text, or "" when the maps are not

@@ -104,7 +104,7 @@ const std::map<std::string, std::pair<Setter, const char*>>& flags() {
       {"preserve-source-ip", {[](const std::string& v, Options* o) {
                                 return parse_bool(v, &o->proxy.preserve_source_ip);
                               }, "apps see the client's IP (default true)"}},
-      {"zds-socket", {text(&proxy::ProxyConfig::zds_socket), "in-pod mode: take pods from the node agent on this Unix socket (default off)"}},
+      {"zds-socket", {text(&proxy::ProxyConfig::zds_socket), "in-pod mode: connect to the node agent's ZDS socket here and take pods from it (Istio's: /var/run/ztunnel/ztunnel.sock; default off)"}},
       {"bpf-pin-root", {[](const std::string& v, Options* o) -> std::optional<std::string> {
                           o->proxy.bpf_pin_root = v == "off" || v == "none" ? "" : v;
                           return std::nullopt;

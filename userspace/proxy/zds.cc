@@ -1,5 +1,7 @@
 #include "proxy/zds.h"
 
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -8,6 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -79,6 +82,28 @@ uint64_t cookie_of(int fd) {
   return cookie;
 }
 
+// The addresses of the calling thread's netns: what a pod holds when the agent did not say (Istio's
+// agent sends no IPs). Loopback and IPv6 link-local addresses are not the pod's identity.
+std::vector<IpAddress> interface_addresses() {
+  std::vector<IpAddress> out;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return out;
+  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || (a->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    if (a->ifa_addr->sa_family != AF_INET && a->ifa_addr->sa_family != AF_INET6) continue;
+    if (a->ifa_addr->sa_family == AF_INET6) {
+      const auto* sin6 = reinterpret_cast<const sockaddr_in6*>(a->ifa_addr);
+      if (IN6_IS_ADDR_LINKLOCAL(&sin6->sin6_addr)) continue;
+    }
+    auto ip = IpAddress::from_sockaddr(a->ifa_addr);
+    if (ip && !ip->is_loopback() && std::find(out.begin(), out.end(), *ip) == out.end()) {
+      out.push_back(*ip);
+    }
+  }
+  freeifaddrs(list);
+  return out;
+}
+
 std::string ips_text(const std::vector<IpAddress>& ips) {
   std::string s;
   for (const auto& ip : ips) s += (s.empty() ? "" : ",") + ip.to_string();
@@ -87,39 +112,23 @@ std::string ips_text(const std::vector<IpAddress>& ips) {
 
 }  // namespace
 
-ZdsServer::ZdsServer(Proxy& proxy, ZdsOptions options)
+ZdsClient::ZdsClient(Proxy& proxy, ZdsOptions options)
     : proxy_(proxy),
       options_(std::move(options)),
       pods_gauge_(&proxy.context().metrics->gauge(
           "sockmesh_zds_pods", "Pods handed over by the node agent whose listeners are open")) {}
 
-ZdsServer::~ZdsServer() { stop(); }
+ZdsClient::~ZdsClient() { stop(); }
 
-std::optional<std::string> ZdsServer::start() {
+std::optional<std::string> ZdsClient::start() {
   sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
   if (options_.socket_path.empty() || options_.socket_path.size() >= sizeof addr.sun_path) {
     return "--zds-socket: a path of 1 to " + std::to_string(sizeof addr.sun_path - 1) +
            " characters is needed";
   }
-  std::memcpy(addr.sun_path, options_.socket_path.data(), options_.socket_path.size());
-  // A socket file left by an earlier proxy (crash, restart) would make bind() fail.
-  struct stat st {};
-  if (lstat(options_.socket_path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode))
-      return "--zds-socket " + options_.socket_path + " exists and is not a socket";
-    unlink(options_.socket_path.c_str());
-  }
-  listen_fd_.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-  if (!listen_fd_) return errno_text("ZDS socket");
-  if (bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    return errno_text("binding the ZDS socket " + options_.socket_path);
-  }
-  chmod(options_.socket_path.c_str(), 0600);  // netns handles are root's business
-  if (listen(listen_fd_.get(), 16) != 0) return errno_text("listen on " + options_.socket_path);
   wake_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake_fd_) return errno_text("eventfd");
-  SM_INFO("zds") << "waiting for the node agent on " << options_.socket_path << " (pin root "
+  SM_INFO("zds") << "connecting to the node agent on " << options_.socket_path << " (pin root "
                  << (options_.pin_root.empty() ? "none: listeners are not registered for tc"
                                                : options_.pin_root)
                  << ")";
@@ -130,72 +139,94 @@ std::optional<std::string> ZdsServer::start() {
   return std::nullopt;
 }
 
-void ZdsServer::stop() {
+void ZdsClient::stop() {
   if (!thread_.joinable()) return;
   uint64_t one = 1;
   (void)!write(wake_fd_.get(), &one, sizeof one);
   thread_.join();
-  listen_fd_.reset();
-  unlink(options_.socket_path.c_str());
 }
 
-void ZdsServer::run() {
-  UniqueFd conn;
+bool ZdsClient::stop_requested_within(std::chrono::milliseconds d) {
+  pollfd p{wake_fd_.get(), POLLIN, 0};
+  int n;
+  do {
+    n = poll(&p, 1, static_cast<int>(d.count()));
+  } while (n < 0 && errno == EINTR);
+  return n > 0;
+}
+
+void ZdsClient::run() {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, options_.socket_path.data(), options_.socket_path.size());
+  auto backoff = options_.retry_min;
+  std::string last_failure;
+  while (true) {
+    UniqueFd conn(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    std::string failure;
+    if (!conn) {
+      failure = errno_text("ZDS socket");
+    } else if (connect(conn.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      failure = errno_text("connecting to " + options_.socket_path);
+    } else if (auto err = zds::send_packet(conn.get(), zds::encode(zds::Hello{}))) {
+      failure = "hello to the node agent: " + *err;
+    }
+    if (failure.empty()) {
+      SM_INFO("zds") << "connected to the node agent on " << options_.socket_path << "; "
+                     << pods_.size() << " pod(s) held until its snapshot";
+      last_failure.clear();
+      backoff = options_.retry_min;
+      if (!serve(std::move(conn))) return;
+      continue;  // the agent went away or restarted: reconnect at once, as ztunnel does
+    }
+    // Once per kind of failure: an agent that is not up yet would fill the log otherwise.
+    if (failure != last_failure) {
+      SM_WARN("zds") << "node agent not reachable (retrying up to every "
+                     << options_.retry_max.count() << " ms): " << failure;
+      last_failure = failure;
+    }
+    if (stop_requested_within(backoff)) return;
+    backoff = std::min(backoff * 2, options_.retry_max);
+  }
+}
+
+bool ZdsClient::serve(UniqueFd conn) {
   Session session;
   while (true) {
-    pollfd fds[3] = {
-        {wake_fd_.get(), POLLIN, 0}, {listen_fd_.get(), POLLIN, 0}, {conn.get(), POLLIN, 0}};
-    int n = poll(fds, conn ? 3 : 2, -1);
+    pollfd fds[2] = {{wake_fd_.get(), POLLIN, 0}, {conn.get(), POLLIN, 0}};
+    int n = poll(fds, 2, -1);
     if (n < 0) {
       if (errno == EINTR) continue;
-      SM_ERROR("zds") << errno_text("poll") << "; the node agent can no longer reach the proxy";
-      return;
+      SM_ERROR("zds") << errno_text("poll") << "; reconnecting to the node agent";
+      return true;
     }
-    if (fds[0].revents != 0) return;
-    if (fds[1].revents & POLLIN) {
-      UniqueFd accepted(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-      if (accepted) {
-        // One agent per node: a new connection (an agent restart) replaces the old one.
-        if (conn) SM_INFO("zds") << "a new node agent connection replaces the previous one";
-        conn = std::move(accepted);
-        session = Session{};
-        if (auto err = zds::send_packet(conn.get(), zds::encode(zds::Hello{}))) {
-          SM_WARN("zds") << "hello to the node agent: " << *err;
-          conn.reset();
-        } else {
-          SM_INFO("zds") << "node agent connected; " << pods_.size()
-                         << " pod(s) held until its snapshot";
-        }
-      }
-      continue;
+    if (fds[0].revents != 0) return false;
+    if (fds[1].revents == 0) continue;
+    auto got = zds::receive_packet(conn.get(), 0);
+    if (got.status == zds::ReceiveStatus::kTimeout) continue;
+    if (got.status == zds::ReceiveStatus::kClosed) {
+      // Pods stay: the agent (restarted, or starting a new snapshot) sends them again.
+      SM_INFO("zds") << "the node agent closed the connection; keeping " << pods_.size()
+                     << " pod(s) and reconnecting";
+      return true;
     }
-    if (conn && fds[2].revents != 0) {
-      auto got = zds::receive_packet(conn.get(), 0);
-      if (got.status == zds::ReceiveStatus::kTimeout) continue;
-      if (got.status == zds::ReceiveStatus::kClosed) {
-        // Pods stay: a restarted agent reconnects and replays its snapshot.
-        SM_INFO("zds") << "node agent disconnected; keeping " << pods_.size() << " pod(s)";
-        conn.reset();
-        continue;
-      }
-      std::string reply;
-      if (got.status == zds::ReceiveStatus::kError) {
-        reply = "unreadable message: " + got.error;
-      } else {
-        std::string err;
-        auto request = zds::decode_request(got.packet.bytes, &err);
-        reply = request ? handle(*request, std::move(got.packet.fd), session) : err;
-      }
-      if (!reply.empty()) SM_WARN("zds") << "nack: " << reply;
-      if (auto err = zds::send_packet(conn.get(), zds::encode(zds::Ack{reply}))) {
-        SM_WARN("zds") << "ack to the node agent: " << *err;
-        conn.reset();
-      }
+    std::string reply;
+    if (got.status == zds::ReceiveStatus::kError) {
+      reply = "unreadable message: " + got.error;
+    } else {
+      std::string err;
+      auto request = zds::decode_request(got.packet.bytes, &err);
+      reply = request ? handle(*request, std::move(got.packet.fd), session) : err;
+    }
+    if (!reply.empty()) SM_WARN("zds") << "nack: " << reply;
+    if (auto err = zds::send_packet(conn.get(), zds::encode(zds::Ack{reply}))) {
+      SM_WARN("zds") << "ack to the node agent: " << *err << "; reconnecting";
+      return true;
     }
   }
 }
 
-std::string ZdsServer::handle(const zds::Request& request, UniqueFd fd, Session& session) {
+std::string ZdsClient::handle(const zds::Request& request, UniqueFd fd, Session& session) {
   SM_DEBUG("zds") << "received " << zds::describe(request);
   if (const auto* a = std::get_if<zds::AddWorkload>(&request)) {
     if (!fd) return "add " + a->uid + " came without the pod's netns descriptor";
@@ -227,7 +258,7 @@ std::string ZdsServer::handle(const zds::Request& request, UniqueFd fd, Session&
   return "";
 }
 
-std::optional<std::string> ZdsServer::listener_map(maps::ListenerMap** out) {
+std::optional<std::string> ZdsClient::listener_map(maps::ListenerMap** out) {
   *out = nullptr;
   if (options_.pin_root.empty()) return std::nullopt;
   if (!listeners_map_) {
@@ -239,7 +270,7 @@ std::optional<std::string> ZdsServer::listener_map(maps::ListenerMap** out) {
   return std::nullopt;
 }
 
-void ZdsServer::follow_recreated_listener_map() {
+void ZdsClient::follow_recreated_listener_map() {
   if (!listeners_map_ || listeners_map_->map().still_pinned()) return;
   // The loader recreated its maps under our pin root (an uninstall and install, an upgrade that
   // changed their layout): our registrations are in a map tc no longer reads. Close every pod's
@@ -253,7 +284,7 @@ void ZdsServer::follow_recreated_listener_map() {
   for (const auto& uid : uids) remove(uid, "the listener map was recreated");
 }
 
-std::string ZdsServer::add(const zds::AddWorkload& add, UniqueFd netns_fd) {
+std::string ZdsClient::add(const zds::AddWorkload& add, UniqueFd netns_fd) {
   if (add.uid.empty()) return "add without a uid";
   follow_recreated_listener_map();
   std::string err;
@@ -261,22 +292,31 @@ std::string ZdsServer::add(const zds::AddWorkload& add, UniqueFd netns_fd) {
   if (!netns) return "pod " + add.uid + ": " + err;
 
   if (auto it = pods_.find(add.uid); it != pods_.end()) {
-    if (it->second.netns->same_as(*netns) && it->second.info.ips == add.ips) {
+    // Without IPs in the add (Istio's agent), the same netns is the same pod, as for ztunnel.
+    if (it->second.netns->same_as(*netns) &&
+        (add.ips.empty() || it->second.info.ips == add.ips)) {
+      auto ips = it->second.info.ips;
       it->second.info = add;
+      it->second.info.ips = ips;
       return "";  // already serving it
     }
     remove(add.uid,
            it->second.netns->same_as(*netns) ? "its IPs changed" : "its sandbox has a new netns");
   }
 
-  // Families the pod has addresses in (IPv4 alone when it reported none).
-  bool v4 = add.ips.empty(), v6 = false;
-  for (const auto& ip : add.ips) (ip.is_v4() ? v4 : v6) = true;
-
+  zds::AddWorkload info = add;
+  bool discovered = false;
   uint32_t mark = proxy_.context().config.mark;
   std::vector<NewListener> created;
   std::optional<std::string> failure;
   auto entered = net::run_in(netns.get(), [&] {
+    if (info.ips.empty()) {
+      info.ips = interface_addresses();
+      discovered = true;
+    }
+    // Families the pod has addresses in (IPv4 alone when it has none yet).
+    bool v4 = info.ips.empty(), v6 = false;
+    for (const auto& ip : info.ips) (ip.is_v4() ? v4 : v6) = true;
     for (int family : {AF_INET, AF_INET6}) {
       if ((family == AF_INET && !v4) || (family == AF_INET6 && !v6)) continue;
       for (const auto& spec : kListeners) {
@@ -292,11 +332,11 @@ std::string ZdsServer::add(const zds::AddWorkload& add, UniqueFd netns_fd) {
   if (entered) return "pod " + add.uid + ": " + *entered;
   if (failure) return "pod " + add.uid + ": " + *failure;
 
-  Pod pod{add, netns, {}};
+  Pod pod{info, netns, {}};
   maps::ListenerMap* map = nullptr;
   if (auto e = listener_map(&map)) return "pod " + add.uid + ": " + *e;
   if (map != nullptr) {
-    for (const auto& ip : add.ips) {
+    for (const auto& ip : info.ips) {
       for (const auto& l : created) {
         if ((l.family == AF_INET) != ip.is_v4()) continue;
         if (auto s = map->add(ip, l.spec->kind, l.fd.get()); !s) {
@@ -309,24 +349,25 @@ std::string ZdsServer::add(const zds::AddWorkload& add, UniqueFd netns_fd) {
   }
 
   auto& ctx = proxy_.context();
-  for (const auto& ip : add.ips) ctx.pod_netns.set(ip, netns);
+  for (const auto& ip : info.ips) ctx.pod_netns.set(ip, netns);
   std::vector<Proxy::AdoptedListener> adopted;
   for (auto& l : created) adopted.push_back({l.spec->role, l.fd.release()});
   if (auto e = proxy_.adopt_listeners(add.uid, std::move(adopted))) {
-    for (const auto& ip : add.ips) ctx.pod_netns.erase(ip, netns.get());
+    for (const auto& ip : info.ips) ctx.pod_netns.erase(ip, netns.get());
     return *e;
   }
   SM_INFO("zds") << "pod " << add.uid << " (" << add.info.namespace_name << "/" << add.info.name
                  << ", sa " << add.info.service_account << ") in " << netns->to_string()
                  << ": listeners open on 15001, 15006, 15008; "
-                 << (map != nullptr ? "registered for " + ips_text(add.ips) : "not registered");
+                 << (map != nullptr ? "registered for " + ips_text(info.ips) : "not registered")
+                 << (discovered ? " (addresses read from the pod's interfaces)" : "");
   pods_[add.uid] = std::move(pod);
   pod_count_ = pods_.size();
   pods_gauge_->set(static_cast<int64_t>(pods_.size()));
   return "";
 }
 
-void ZdsServer::remove(const std::string& uid, const std::string& why) {
+void ZdsClient::remove(const std::string& uid, const std::string& why) {
   auto it = pods_.find(uid);
   if (it == pods_.end()) return;
   Pod& pod = it->second;

@@ -1,11 +1,15 @@
 #pragma once
 // In-pod mode: the node agent hands each enrolled pod to the proxy over a Unix SOCK_SEQPACKET
-// socket (ZDS, see loader/agent/zds_protocol.h), with the pod's network namespace attached. For
-// each pod the proxy opens its listeners inside that netns (15001 and 15006 transparent, 15008),
-// serves them like its own, and registers them in the pinned listener map under every pod IP so
-// that tc hands captured SYNs to them. del closes them; snapshot_sent closes every pod the agent
-// did not mention since it connected. Each message is acked once it took effect, or with an error.
+// socket (ZDS, see loader/agent/zds_protocol.h), with the pod's network namespace attached. As in
+// Istio, the agent serves the socket and the proxy connects (again and again: whenever the
+// connection ends, it reconnects, and the agent sends its whole snapshot). For each pod the proxy
+// opens its listeners inside that netns (15001 and 15006 transparent, 15008), serves them like
+// its own, and registers them in the pinned listener map under every pod IP so that tc hands
+// captured SYNs to them. del closes them; snapshot_sent closes every pod the agent did not
+// mention on that connection. Each message is acked once it took effect, or with an error.
+// Pods stay served while the agent is away.
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -29,22 +33,25 @@ namespace sockmesh::proxy {
 class Proxy;
 
 struct ZdsOptions {
-  std::string socket_path;  // --zds-socket
+  std::string socket_path;  // --zds-socket: where the node agent serves ZDS
   std::string pin_root;     // --bpf-pin-root; empty: do not register listeners for tc
+  // Reconnect back-off, doubling from retry_min up to retry_max while the agent is away.
+  std::chrono::milliseconds retry_min{20};
+  std::chrono::milliseconds retry_max{2000};
 };
 
-class ZdsServer {
+class ZdsClient {
  public:
-  ZdsServer(Proxy& proxy, ZdsOptions options);
-  ~ZdsServer();
-  ZdsServer(const ZdsServer&) = delete;
-  ZdsServer& operator=(const ZdsServer&) = delete;
+  ZdsClient(Proxy& proxy, ZdsOptions options);
+  ~ZdsClient();
+  ZdsClient(const ZdsClient&) = delete;
+  ZdsClient& operator=(const ZdsClient&) = delete;
 
-  // Binds the socket (replacing a stale socket file) and starts serving on a thread of its own,
-  // which is also the thread that enters pods' namespaces to create their listeners.
+  // Starts the thread that connects to the agent and serves its requests; it is also the thread
+  // that enters pods' namespaces to create their listeners.
   std::optional<std::string> start();
-  // Stops serving and removes the socket file. Pods' listeners stay with the proxy (its drain
-  // closes them). Call before the proxy drains: adoption needs the proxy's control thread.
+  // Disconnects. Pods' listeners stay with the proxy (its drain closes them). Call before the
+  // proxy drains: adoption needs the proxy's control thread.
   void stop();
 
   size_t pods() const { return pod_count_.load(); }
@@ -70,7 +77,11 @@ class ZdsServer {
   };
 
   void run();
-  void serve_packet(int conn, Session& session);
+  // One connection to the agent: the hello, then requests until it ends or stop() is called.
+  // False when stop() was called.
+  bool serve(maps::UniqueFd conn);
+  // Waits for stop() up to `d`; true when stop() was called.
+  bool stop_requested_within(std::chrono::milliseconds d);
   std::string handle(const zds::Request& request, maps::UniqueFd fd, Session& session);
   std::string add(const zds::AddWorkload& add, maps::UniqueFd netns_fd);
   void remove(const std::string& uid, const std::string& why);
@@ -80,7 +91,6 @@ class ZdsServer {
 
   Proxy& proxy_;
   const ZdsOptions options_;
-  maps::UniqueFd listen_fd_;
   maps::UniqueFd wake_fd_;  // eventfd: stop()
   std::thread thread_;
   std::atomic<bool> synced_{false};

@@ -1,0 +1,352 @@
+#include "loader/agent/zds_server.h"
+
+#include <fcntl.h>
+#include <linux/nsfs.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "base/log.h"
+
+namespace sockmesh::agent {
+namespace {
+
+using maps::Error;
+using maps::Status;
+using maps::UniqueFd;
+
+// Opens a pod's netns file and checks that it is one (a path to anything else would otherwise be
+// refused by the proxy only when it tries to enter it).
+maps::Result<UniqueFd> open_netns(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return Error::from_errno(errno, "opening the pod's netns " + path);
+  int type = ioctl(fd.get(), NS_GET_NSTYPE);
+  if (type >= 0 && type != CLONE_NEWNET) {
+    return Error{EINVAL, path + " is a namespace, but not a network namespace"};
+  }
+  if (type < 0 && errno != ENOTTY) {
+    return Error::from_errno(errno, path + " is not a namespace file");
+  }
+  return fd;
+}
+
+zds::AddWorkload to_add(const PodWorkload& pod) {
+  zds::AddWorkload add;
+  add.uid = pod.uid;
+  add.info.name = pod.name;
+  add.info.namespace_name = pod.namespace_name;
+  add.info.service_account = pod.service_account;
+  add.ips = pod.ips;
+  // Istio's proxy reads a message into 1 KiB: the IPs (our extension) go if they do not fit.
+  if (zds::encode(zds::Request{add}).size() > zds::kMaxSentBytes) {
+    SM_DEBUG("zds") << "add " << pod.uid << " sent without its IPs, which would not fit in "
+                    << zds::kMaxSentBytes << " bytes";
+    add.ips.clear();
+  }
+  return add;
+}
+
+bool fill_address(const std::string& path, sockaddr_un* addr, std::string* error) {
+  *addr = sockaddr_un{};
+  addr->sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof addr->sun_path) {
+    *error = "ZDS socket path must have 1 to " + std::to_string(sizeof addr->sun_path - 1) +
+             " characters: " + path;
+    return false;
+  }
+  std::memcpy(addr->sun_path, path.data(), path.size());
+  return true;
+}
+
+}  // namespace
+
+maps::Result<std::unique_ptr<ZdsServer>> ZdsServer::listen(ZdsServerOptions options) {
+  sockaddr_un addr;
+  std::string err;
+  if (!fill_address(options.socket_path, &addr, &err)) return Error{ENAMETOOLONG, err};
+  const std::string& path = options.socket_path;
+  struct stat st {};
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) return Error{EEXIST, path + " exists and is not a socket"};
+    // Someone answering on it is another agent: taking its path away would cut its proxies off.
+    UniqueFd probe(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    if (probe && connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+      return Error{EADDRINUSE, "another process serves ZDS on " + path +
+                                   " (a second node agent?); not taking it over"};
+    }
+    unlink(path.c_str());  // left by an agent that is gone
+  } else {
+    // The directory may be a fresh host path (Istio's /var/run/ztunnel).
+    auto slash = path.rfind('/');
+    if (slash != std::string::npos && slash > 0) mkdir(path.substr(0, slash).c_str(), 0755);
+  }
+  UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd) return Error::from_errno(errno, "socket(AF_UNIX, SOCK_SEQPACKET)");
+  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    return Error::from_errno(errno, "binding the ZDS socket " + path);
+  }
+  chmod(path.c_str(), 0600);  // netns handles are root's business
+  if (::listen(fd.get(), 16) != 0) return Error::from_errno(errno, "listen on " + path);
+  SM_INFO("zds") << "serving ZDS on " << path << ": the proxy connects here for the node's pods";
+  return std::unique_ptr<ZdsServer>(new ZdsServer(std::move(options), std::move(fd)));
+}
+
+ZdsServer::ZdsServer(ZdsServerOptions options, UniqueFd listen_fd)
+    : options_(std::move(options)), listen_fd_(std::move(listen_fd)) {
+  thread_ = std::thread([this] { background(); });
+}
+
+ZdsServer::~ZdsServer() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  listen_fd_.reset();
+  unlink(options_.socket_path.c_str());
+}
+
+bool ZdsServer::connected() const {
+  std::lock_guard lock(mu_);
+  return !sessions_.empty();
+}
+
+uint64_t ZdsServer::sessions() const {
+  std::lock_guard lock(mu_);
+  return session_count_;
+}
+
+bool ZdsServer::wait_connected(std::chrono::milliseconds timeout, uint64_t min_sessions) {
+  std::unique_lock lock(mu_);
+  return cv_.wait_for(lock, timeout,
+                      [&] { return !sessions_.empty() && session_count_ >= min_sessions; });
+}
+
+void ZdsServer::accept_pending() {
+  while (true) {
+    UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!fd) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        SM_WARN("zds") << "accepting a proxy on " << options_.socket_path << ": "
+                       << std::strerror(errno);
+      }
+      return;
+    }
+    if (Status s = open_session(std::move(fd)); !s) {
+      SM_WARN("zds") << "a proxy connected, but: " << s.error().message;
+    }
+  }
+}
+
+Status ZdsServer::open_session(UniqueFd fd) {
+  auto hello = zds::receive_packet(fd.get(), static_cast<int>(options_.ack_timeout.count()));
+  if (hello.status != zds::ReceiveStatus::kOk) {
+    return Error{EPROTO, "it sent no hello" + (hello.error.empty() ? "" : ": " + hello.error)};
+  }
+  std::string err;
+  auto h = zds::decode_hello(hello.packet.bytes, &err);
+  if (!h) return Error{EPROTO, "bad hello: " + err};
+  if (h->version != zds::kVersionV1) {  // as Istio's agent: noted, not refused
+    SM_WARN("zds") << "the proxy says ZDS version " << h->version << "; this agent speaks "
+                   << zds::kVersionV1;
+  }
+  sessions_.push_back(Session{std::move(fd), session_count_ + 1});
+  const size_t index = sessions_.size() - 1;
+  const uint64_t number = sessions_[index].number;
+  auto alive = [&] { return sessions_.size() > index && sessions_[index].number == number; };
+
+  // The snapshot: every pod, then snapshot_sent, after which the proxy closes pods not mentioned.
+  replay_errors_.clear();
+  size_t added = 0;
+  for (const auto& [uid, pod] : pods_) {
+    Status s = send_pod(index, pod, /*keep_if_gone=*/true);
+    if (!alive()) return Error{EPIPE, "sending the snapshot: " + s.error().message};
+    if (!s) {
+      replay_errors_[uid] = s.error().message;
+    } else {
+      ++added;
+    }
+  }
+  if (Status s = request(index, zds::SnapshotSent{}, -1); !s) {
+    if (alive()) close_session(index, "snapshot_sent refused: " + s.error().message);
+    return Error{EPROTO, "snapshot_sent: " + s.error().message};
+  }
+  session_count_ = number;
+  SM_INFO("zds") << "session " << number << ": a proxy connected on " << options_.socket_path
+                 << "; snapshot of " << pods_.size() << " pod(s) sent, " << added << " acked"
+                 << (replay_errors_.empty()
+                         ? ""
+                         : ", " + std::to_string(replay_errors_.size()) + " refused");
+  for (const auto& [uid, e] : replay_errors_) SM_WARN("zds") << "pod " << uid << ": " << e;
+  cv_.notify_all();
+  return {};
+}
+
+void ZdsServer::close_session(size_t index, const std::string& why) {
+  if (index >= sessions_.size()) return;
+  SM_INFO("zds") << "session " << sessions_[index].number << " with a proxy closed: " << why;
+  sessions_.erase(sessions_.begin() + static_cast<std::ptrdiff_t>(index));
+}
+
+Status ZdsServer::request(size_t index, const zds::Request& req, int attach_fd) {
+  if (index >= sessions_.size()) return Error{ENOTCONN, "no proxy connected"};
+  int fd = sessions_[index].fd.get();
+  if (auto err = zds::send_packet(fd, zds::encode(req), attach_fd)) {
+    close_session(index, *err);
+    return Error{EPIPE, zds::describe(req) + ": " + *err};
+  }
+  auto deadline = std::chrono::steady_clock::now() + options_.ack_timeout;
+  zds::Received got;
+  do {  // a wake-up without a packet (EAGAIN) reads as a timeout: wait out the rest
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    got = zds::receive_packet(fd, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+  } while (got.status == zds::ReceiveStatus::kTimeout &&
+           std::chrono::steady_clock::now() < deadline);
+  if (got.status != zds::ReceiveStatus::kOk) {
+    std::string why = got.status == zds::ReceiveStatus::kTimeout
+                          ? "no ack within " + std::to_string(options_.ack_timeout.count()) + " ms"
+                      : got.status == zds::ReceiveStatus::kClosed
+                          ? "the proxy closed the connection"
+                          : got.error;
+    // The proxy may or may not have acted: only a new connection (the whole snapshot) is certain.
+    close_session(index, why);
+    return Error{EPIPE, zds::describe(req) + ": " + why};
+  }
+  std::string err;
+  auto ack = zds::decode_ack(got.packet.bytes, &err);
+  if (!ack) {
+    close_session(index, "bad ack: " + err);
+    return Error{EPROTO, zds::describe(req) + ": bad ack: " + err};
+  }
+  if (!ack->error.empty())
+    return Error{0, "the proxy refused " + zds::describe(req) + ": " + ack->error};
+  return {};
+}
+
+Status ZdsServer::send_pod(size_t index, const PodWorkload& pod, bool keep_if_gone) {
+  auto netns = open_netns(pod.netns_path);
+  if (!netns) {
+    if (!keep_if_gone) return netns.error();
+    // The agent cannot reach the pod's netns (any more); the proxy keeps it if it has it.
+    Status s = request(index, zds::KeepWorkload{pod.uid}, -1);
+    if (!s) return s;
+    return Error{netns.error().code, "sent keep only: " + netns.error().message};
+  }
+  return request(index, to_add(pod), netns->get());
+}
+
+Status ZdsServer::add(const PodWorkload& pod) {
+  std::lock_guard lock(mu_);
+  if (pod.uid.empty()) return Error{EINVAL, "a pod without a uid"};
+  if (!synced_) {
+    pods_[pod.uid] = pod;
+    return Error{EAGAIN, "pod " + pod.uid +
+                             " remembered but not handed over: sync() has not been called yet"};
+  }
+  accept_pending();  // a proxy that connected a moment ago gets the snapshot first
+  if (sessions_.empty()) {
+    pods_[pod.uid] = pod;
+    return Error{ENOTCONN, "pod " + pod.uid + " remembered; no proxy is connected on " +
+                               options_.socket_path + " (it gets the pod when it connects)"};
+  }
+  auto netns = open_netns(pod.netns_path);
+  if (!netns) return netns.error();  // not remembered: there is nothing to hand over
+  pods_[pod.uid] = pod;
+  const size_t index = sessions_.size() - 1;  // adds go to the newest proxy
+  const uint64_t number = sessions_[index].number;
+  Status s = request(index, to_add(pod), netns->get());
+  if (s || (sessions_.size() > index && sessions_[index].number == number)) return s;
+  // The connection broke (the proxy restarted?): its successor gets this pod with the snapshot.
+  accept_pending();
+  if (!sessions_.empty() && sessions_.back().number > number) {
+    auto it = replay_errors_.find(pod.uid);
+    if (it != replay_errors_.end()) return Error{0, it->second};
+    return {};
+  }
+  return Error{s.error().code, "pod " + pod.uid + " remembered; the proxy's connection ended (" +
+                                   s.error().message + "), it gets the pod when it reconnects"};
+}
+
+Status ZdsServer::remove(const std::string& uid) {
+  std::lock_guard lock(mu_);
+  pods_.erase(uid);
+  // Every connected proxy closes it (an older one may still serve it); a proxy that connects
+  // later gets a snapshot without it.
+  Status first;
+  for (size_t i = sessions_.size(); i-- > 0;) {
+    Status s = request(i, zds::DelWorkload{uid}, -1);
+    if (!s && first) first = s;
+  }
+  return first;
+}
+
+Status ZdsServer::sync(const std::vector<PodWorkload>& all) {
+  std::lock_guard lock(mu_);
+  pods_.clear();
+  for (const auto& p : all) pods_[p.uid] = p;
+  synced_ = true;
+  // A snapshot is sent once per connection: proxies that have one reconnect and get this one.
+  while (!sessions_.empty()) close_session(0, "a new snapshot needs a new connection");
+  accept_pending();
+  if (sessions_.empty()) {
+    return Error{ENOTCONN, "snapshot of " + std::to_string(pods_.size()) +
+                               " pod(s) remembered; no proxy is connected on " +
+                               options_.socket_path + " yet, it gets it when it connects"};
+  }
+  if (replay_errors_.empty()) return {};
+  std::string all_errors;
+  for (const auto& [uid, e] : replay_errors_) {
+    all_errors += (all_errors.empty() ? "" : "; ") + uid + ": " + e;
+  }
+  return Error{0, std::to_string(replay_errors_.size()) + " of " + std::to_string(pods_.size()) +
+                      " pod(s) refused: " + all_errors};
+}
+
+bool ZdsServer::peer_gone(int fd) {
+  pollfd p{fd, POLLIN | POLLRDHUP, 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if ((p.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0) return true;
+  // Nothing is due from the proxy between requests; read it to see whether it is an EOF.
+  auto got = zds::receive_packet(fd, 0);
+  if (got.status == zds::ReceiveStatus::kClosed || got.status == zds::ReceiveStatus::kError) {
+    return true;
+  }
+  if (got.status == zds::ReceiveStatus::kOk) SM_WARN("zds") << "unexpected message from a proxy";
+  return false;
+}
+
+void ZdsServer::background() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    for (size_t i = sessions_.size(); i-- > 0;) {
+      if (peer_gone(sessions_[i].fd.get())) {
+        close_session(i, "the proxy went away; it gets the snapshot when it connects again");
+      }
+    }
+    if (!synced_) {
+      // Connections wait in the backlog until the agent knows every pod: a partial snapshot
+      // would make a running proxy close the listeners of pods not known yet.
+      cv_.wait_for(lock, std::chrono::milliseconds(50));
+      continue;
+    }
+    accept_pending();
+    // Short naps: a new or dropped connection is noticed within one.
+    pollfd p{listen_fd_.get(), POLLIN, 0};
+    lock.unlock();
+    poll(&p, 1, 50);
+    lock.lock();
+  }
+  while (!sessions_.empty()) close_session(0, "the agent is stopping");
+}
+
+}  // namespace sockmesh::agent
