@@ -265,6 +265,29 @@ TEST(ZdsServer, AddsGoToTheNewestProxyAndDelsToEvery) {
   EXPECT_EQ(old_proxy.connections(), 1) << "the older proxy is not pushed off (no flapping)";
 }
 
+// Istio's proxy reads a message into 1 KiB: an add that would be larger goes without the IPs (the
+// proxy reads them in the pod's netns), and still carries the netns and the names.
+TEST(ZdsServer, AnAddThatWouldPassOneKibGoesWithoutItsIps) {
+  auto path = temp_socket_path();
+  auto agent = serve(path);
+  ASSERT_TRUE(agent);
+  FakeProxy proxy(path);
+  ASSERT_TRUE(agent->sync({}));
+  PodWorkload big = pod("big", "10.0.0.1");
+  big.name = std::string(990, 'n');  // 1036 bytes encoded with both IPs, 1012 without
+  big.ips.push_back(*IpAddress::parse("fd00::1"));
+  ASSERT_TRUE(agent->add(big));
+  ASSERT_TRUE(agent->add(pod("small", "10.0.0.2")));
+  auto seen = proxy.seen();
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[1].what, "add uid=big name=ns/" + big.name + " sa=sa ips=");
+  EXPECT_TRUE(seen[1].had_netns);
+  EXPECT_EQ(seen[2].what, "add uid=small name=ns/small-name sa=sa ips=10.0.0.2")
+      << "a pod that fits keeps its IPs";
+  EXPECT_LE(zds::encode(zds::Request{zds::AddWorkload{big.uid, {big.name, "ns", "sa"}, {}}}).size(),
+            zds::kMaxSentBytes);
+}
+
 TEST(ZdsServer, DoesNotTakeOverASocketAnotherAgentServes) {
   auto path = temp_socket_path();
   auto first = serve(path);
