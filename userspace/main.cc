@@ -4,13 +4,17 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <malloc.h>
+#include <pthread.h>
 #include <sys/resource.h>
 
 #include <cerrno>
 #include <cstdlib>
+#include <condition_variable>
 #include <cstring>
 #include <cstdio>
 #include <future>
+#include <mutex>
+#include <thread>
 #include <iostream>
 
 #include "app/admin.h"
@@ -75,6 +79,42 @@ void tune_allocator() {
     SM_WARN("main") << "could not set malloc thresholds; the data path will fault pages in";
   }
 }
+
+// The heap keeps up to the trim threshold of free memory per thread after a burst. Once the proxy
+// has had no connection for a whole interval, hand the free pages back, once per idle spell.
+class IdleTrimmer {
+ public:
+  explicit IdleTrimmer(proxy::Proxy& p) : thread_([this, &p] { run(p); }) {}
+  ~IdleTrimmer() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  IdleTrimmer(const IdleTrimmer&) = delete;
+  IdleTrimmer& operator=(const IdleTrimmer&) = delete;
+
+ private:
+  void run(proxy::Proxy& p) {
+    pthread_setname_np(pthread_self(), "sm-trim");
+    std::unique_lock lock(mu_);
+    int idle_checks = 0;
+    while (!cv_.wait_for(lock, std::chrono::seconds(2), [&] { return stop_; })) {
+      idle_checks = p.active_connections() == 0 ? idle_checks + 1 : 0;
+      if (idle_checks == 2) {  // idle at two checks in a row: a whole interval, at least
+        malloc_trim(0);
+        SM_DEBUG("main") << "idle: free heap returned to the kernel";
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;  // last: it starts once the rest is built
+};
 
 }  // namespace
 
@@ -215,6 +255,8 @@ int main(int argc, char** argv) {
                        "snapshot arrives on "
                     << cfg.zds_socket;
   }
+
+  IdleTrimmer trimmer(proxy);
 
   boost::asio::io_context signals_io;
   boost::asio::signal_set signals(signals_io, SIGTERM, SIGINT);

@@ -245,7 +245,7 @@ ssize_t H2Stream::read_for_send(size_t length, uint32_t* data_flags) {
   return static_cast<ssize_t>(n);
 }
 
-void H2Stream::write_data(Bytes& out, size_t length) {
+void H2Stream::write_data(AlignedBytes& out, size_t length) {
   size_t left = length;
   while (left > 0 && !send_queue_.empty()) {
     auto& front = send_queue_.front();

@@ -112,7 +112,7 @@ class H2Stream : public std::enable_shared_from_this<H2Stream> {
   // bytes are appended by write_data when the frame goes out).
   ssize_t read_for_send(size_t length, uint32_t* data_flags);
   // Appends the next `length` queued bytes to out.
-  void write_data(Bytes& out, size_t length);
+  void write_data(AlignedBytes& out, size_t length);
 
  private:
   friend class H2Connection;
@@ -215,12 +215,12 @@ class H2Connection : public std::enable_shared_from_this<H2Connection> {
   CloseHandler close_handler_;
   SSL* ssl_ = nullptr;      // owned by stream_
   int fd_ = -1;             // stream_'s socket, non-blocking
-  Bytes in_;                // ciphertext received, not yet taken by OpenSSL: [in_pos_, in_len_)
+  AlignedBytes in_;         // ciphertext received, not yet taken by OpenSSL: [in_pos_, in_len_)
   size_t in_pos_ = 0;
   size_t in_len_ = 0;
-  Bytes read_buf_;          // plaintext for nghttp2
-  Bytes plain_;             // frames of one write batch, before encryption
-  Bytes out_;               // ciphertext not yet sent: [out_pos_, end)
+  AlignedBytes read_buf_;   // plaintext for nghttp2
+  AlignedBytes plain_;      // frames of one write batch, before encryption
+  AlignedBytes out_;        // ciphertext not yet sent: [out_pos_, end)
   size_t out_pos_ = 0;
   int in_nghttp2_ = 0;  // >0 while nghttp2 runs our callbacks: no re-entry into mem_send
   bool writing_ = false;  // waiting until the socket takes more
