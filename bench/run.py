@@ -6,6 +6,8 @@ Measures, in one run and on loopback addresses only:
   (b) sockmesh HBONE                  client -SOCKS5-> node A =HBONE (h2 CONNECT, mTLS 1.3)=> node B -> server
   (c1) nghttpx chain (off the shelf)  client -HTTP CONNECT-> nghttpx =h2, mTLS 1.3=> nghttpx -s -> tinyproxy -> server
   (c2) stunnel pair (off the shelf)   client -> stunnel client =mTLS 1.3=> stunnel server -> server
+  (r) socat relays (reference)        client -> socat -> socat -> server, no TLS
+  (f) floor relays (reference)        client -> loadgen relay -> loadgen relay -> server, no TLS
 for: one 1 GiB stream, 8 parallel streams (aggregate), 1 KiB request/response round trips (p50,
 p99); plus the sockmesh proxies' RSS idle and per 1,000 open tunnelled connections. Prints a
 Markdown table and writes it to bench/results/latest.md.
