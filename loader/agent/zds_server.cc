@@ -77,11 +77,15 @@ maps::Result<std::unique_ptr<ZdsServer>> ZdsServer::listen(ZdsServerOptions opti
   if (lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) return Error{EEXIST, path + " exists and is not a socket"};
     // Someone answering on it is another agent: taking its path away would cut its proxies off.
-    UniqueFd probe(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-    if (probe && connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    // Only a refused connection proves the file stale (a full backlog answers EAGAIN).
+    UniqueFd probe(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!probe) return Error::from_errno(errno, "socket(AF_UNIX, SOCK_SEQPACKET)");
+    if (connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 ||
+        errno == EAGAIN) {
       return Error{EADDRINUSE, "another process serves ZDS on " + path +
                                    " (a second node agent?); not taking it over"};
     }
+    if (errno != ECONNREFUSED) return Error::from_errno(errno, "probing " + path);
     unlink(path.c_str());  // left by an agent that is gone
   } else {
     // The directory may be a fresh host path (Istio's /var/run/ztunnel).
@@ -93,10 +97,17 @@ maps::Result<std::unique_ptr<ZdsServer>> ZdsServer::listen(ZdsServerOptions opti
   if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     return Error::from_errno(errno, "binding the ZDS socket " + path);
   }
-  chmod(path.c_str(), 0600);  // netns handles are root's business
+  if (chmod(path.c_str(), 0600) != 0) {  // netns handles are root's business
+    return Error::from_errno(errno, "chmod 0600 " + path);
+  }
+  struct stat bound {};
+  if (lstat(path.c_str(), &bound) != 0) return Error::from_errno(errno, "stat " + path);
   if (::listen(fd.get(), 16) != 0) return Error::from_errno(errno, "listen on " + path);
   SM_INFO("zds") << "serving ZDS on " << path << ": the proxy connects here for the node's pods";
-  return std::unique_ptr<ZdsServer>(new ZdsServer(std::move(options), std::move(fd)));
+  auto server = std::unique_ptr<ZdsServer>(new ZdsServer(std::move(options), std::move(fd)));
+  server->socket_dev_ = bound.st_dev;
+  server->socket_ino_ = bound.st_ino;
+  return server;
 }
 
 ZdsServer::ZdsServer(ZdsServerOptions options, UniqueFd listen_fd)
@@ -112,7 +123,12 @@ ZdsServer::~ZdsServer() {
   cv_.notify_all();
   thread_.join();
   listen_fd_.reset();
-  unlink(options_.socket_path.c_str());
+  // Remove the file only if it is still ours: a successor agent may have bound the path by now.
+  struct stat st {};
+  if (lstat(options_.socket_path.c_str(), &st) == 0 && st.st_dev == socket_dev_ &&
+      st.st_ino == socket_ino_) {
+    unlink(options_.socket_path.c_str());
+  }
 }
 
 bool ZdsServer::connected() const {
@@ -132,15 +148,23 @@ bool ZdsServer::wait_connected(std::chrono::milliseconds timeout, uint64_t min_s
 }
 
 void ZdsServer::accept_pending() {
-  while (true) {
+  for (int served = 0; served < options_.max_accepts_per_round;) {
     UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!fd) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        SM_WARN("zds") << "accepting a proxy on " << options_.socket_path << ": "
-                       << std::strerror(errno);
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        accept_failing_ = false;
+        return;
       }
+      if (!accept_failing_) {
+        SM_WARN("zds") << "accepting a proxy on " << options_.socket_path << ": "
+                       << std::strerror(errno) << " (retrying)";
+      }
+      accept_failing_ = true;  // the background thread naps instead of polling a ready socket
       return;
     }
+    accept_failing_ = false;
+    ++served;
     if (Status s = open_session(std::move(fd)); !s) {
       SM_WARN("zds") << "a proxy connected, but: " << s.error().message;
     }
@@ -148,7 +172,7 @@ void ZdsServer::accept_pending() {
 }
 
 Status ZdsServer::open_session(UniqueFd fd) {
-  auto hello = zds::receive_packet(fd.get(), static_cast<int>(options_.ack_timeout.count()));
+  auto hello = zds::receive_packet(fd.get(), static_cast<int>(options_.hello_timeout.count()));
   if (hello.status != zds::ReceiveStatus::kOk) {
     return Error{EPROTO, "it sent no hello" + (hello.error.empty() ? "" : ": " + hello.error)};
   }
@@ -256,8 +280,7 @@ Status ZdsServer::add(const PodWorkload& pod) {
   accept_pending();  // a proxy that connected a moment ago gets the snapshot first
   if (sessions_.empty()) {
     pods_[pod.uid] = pod;
-    return Error{ENOTCONN, "pod " + pod.uid + " remembered; no proxy is connected on " +
-                               options_.socket_path + " (it gets the pod when it connects)"};
+    return Error{ENOTCONN, "no proxy is connected on " + options_.socket_path};
   }
   auto netns = open_netns(pod.netns_path);
   if (!netns) return netns.error();  // not remembered: there is nothing to hand over
@@ -273,8 +296,7 @@ Status ZdsServer::add(const PodWorkload& pod) {
     if (it != replay_errors_.end()) return Error{0, it->second};
     return {};
   }
-  return Error{s.error().code, "pod " + pod.uid + " remembered; the proxy's connection ended (" +
-                                   s.error().message + "), it gets the pod when it reconnects"};
+  return Error{s.error().code, "the proxy's connection ended (" + s.error().message + ")"};
 }
 
 Status ZdsServer::remove(const std::string& uid) {
@@ -340,6 +362,10 @@ void ZdsServer::background() {
       continue;
     }
     accept_pending();
+    if (accept_failing_) {
+      cv_.wait_for(lock, std::chrono::milliseconds(50));
+      continue;
+    }
     // Short naps: a new or dropped connection is noticed within one.
     pollfd p{listen_fd_.get(), POLLIN, 0};
     lock.unlock();

@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <map>
+#include <sys/types.h>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -31,7 +32,10 @@ inline constexpr const char* kDefaultZdsSocket = "/var/run/ztunnel/ztunnel.sock"
 
 struct ZdsServerOptions {
   std::string socket_path = kDefaultZdsSocket;
-  std::chrono::milliseconds ack_timeout{5000};  // per request, and for the proxy's hello
+  std::chrono::milliseconds ack_timeout{5000};    // per request
+  std::chrono::milliseconds hello_timeout{1000};  // a proxy says hello as soon as it connects
+  // Connections served per accept round: each may cost a hello timeout under the agent's lock.
+  int max_accepts_per_round = 4;
 };
 
 class ZdsServer : public WorkloadHandoff {
@@ -77,6 +81,9 @@ class ZdsServer : public WorkloadHandoff {
 
   const ZdsServerOptions options_;
   maps::UniqueFd listen_fd_;
+  dev_t socket_dev_ = 0;  // the socket file we bound: removed at exit only if it is still ours
+  ino_t socket_ino_ = 0;
+  bool accept_failing_ = false;  // accept() fails with other than EAGAIN (EMFILE...): back off
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, PodWorkload> pods_;           // the node's pods, by uid

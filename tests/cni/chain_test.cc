@@ -575,7 +575,7 @@ TEST_F(ChainTest, WithTheRealProxyTheEnrolledPodGetsItsListenersAndLosesThemOnDe
   AgentProcess agent(install_.root(), run_dir, config_path(), {"--zds-socket", zds});
   ASSERT_TRUE(agent.ready()) << agent.log();
   ASSERT_TRUE(eventually([&] {
-    return proxy.log().find("connected to the node agent on " + zds) != std::string::npos;
+    return proxy.log().find("connected to the node agent's socket " + zds) != std::string::npos;
   })) << proxy.log();
   Json list = conflist();
   list["plugins"][1]["agent_socket"] = (run_dir / "cni.sock").string();

@@ -329,7 +329,7 @@ class ZdsEndToEnd : public ::testing::Test {
     agent_ = std::move(server).value();
     start_proxy();
     ASSERT_TRUE(eventually([&] {
-      return !lines_with(proxy_->log(), {"connected to the node agent on", zds_socket_}).empty();
+      return !lines_with(proxy_->log(), {"connected to the node agent's socket", zds_socket_}).empty();
     })) << "the proxy did not connect to " << zds_socket_ << "\n"
         << proxy_->log();
     const Endpoint readiness{*IpAddress::parse("127.0.0.1"), 15021};

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -52,6 +53,9 @@ std::optional<std::string> open_listener(const ListenerSpec& spec, int family, u
   if (!fd) return errno_text(std::string("socket for ") + spec.role);
   int one = 1;
   setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  // A second proxy (an upgrade) opens the same ports in the pod while the first still drains;
+  // tc sends new connections to whichever socket the listener map names, the newest.
+  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
   if (family == AF_INET6 &&
       setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one) != 0) {
     return errno_text("IPV6_V6ONLY");
@@ -162,22 +166,35 @@ void ZdsClient::run() {
   auto backoff = options_.retry_min;
   std::string last_failure;
   while (true) {
-    UniqueFd conn(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    // Non-blocking connect: an agent whose backlog is full answers EAGAIN instead of holding
+    // this thread (and stop()) in connect().
+    UniqueFd conn(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     std::string failure;
+    int blocking = 0;
     if (!conn) {
       failure = errno_text("ZDS socket");
     } else if (connect(conn.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
       failure = errno_text("connecting to " + options_.socket_path);
+    } else if (ioctl(conn.get(), FIONBIO, &blocking) != 0) {
+      failure = errno_text("ZDS socket mode");
     } else if (auto err = zds::send_packet(conn.get(), zds::encode(zds::Hello{}))) {
       failure = "hello to the node agent: " + *err;
     }
     if (failure.empty()) {
-      SM_INFO("zds") << "connected to the node agent on " << options_.socket_path << "; "
+      SM_INFO("zds") << "connected to the node agent's socket " << options_.socket_path << "; "
                      << pods_.size() << " pod(s) held until its snapshot";
       last_failure.clear();
-      backoff = options_.retry_min;
-      if (!serve(std::move(conn))) return;
-      continue;  // the agent went away or restarted: reconnect at once, as ztunnel does
+      Ended ended = serve(std::move(conn));
+      if (ended == Ended::kStopped) return;
+      if (ended == Ended::kAfterSnapshot) {
+        // A session that worked: the agent restarted or starts over, reconnect at once (as
+        // ztunnel does).
+        backoff = options_.retry_min;
+        continue;
+      }
+      // Ended before any snapshot (the agent refuses us, or drops us): back off as below, so
+      // that a broken agent does not get a reconnect loop.
+      failure = "the connection ended before a snapshot";
     }
     // Once per kind of failure: an agent that is not up yet would fill the log otherwise.
     if (failure != last_failure) {
@@ -190,17 +207,18 @@ void ZdsClient::run() {
   }
 }
 
-bool ZdsClient::serve(UniqueFd conn) {
+ZdsClient::Ended ZdsClient::serve(UniqueFd conn) {
   Session session;
+  auto ended = [&] { return session.snapshot_received ? Ended::kAfterSnapshot : Ended::kEarly; };
   while (true) {
     pollfd fds[2] = {{wake_fd_.get(), POLLIN, 0}, {conn.get(), POLLIN, 0}};
     int n = poll(fds, 2, -1);
     if (n < 0) {
       if (errno == EINTR) continue;
       SM_ERROR("zds") << errno_text("poll") << "; reconnecting to the node agent";
-      return true;
+      return ended();
     }
-    if (fds[0].revents != 0) return false;
+    if (fds[0].revents != 0) return Ended::kStopped;
     if (fds[1].revents == 0) continue;
     auto got = zds::receive_packet(conn.get(), 0);
     if (got.status == zds::ReceiveStatus::kTimeout) continue;
@@ -208,7 +226,7 @@ bool ZdsClient::serve(UniqueFd conn) {
       // Pods stay: the agent (restarted, or starting a new snapshot) sends them again.
       SM_INFO("zds") << "the node agent closed the connection; keeping " << pods_.size()
                      << " pod(s) and reconnecting";
-      return true;
+      return ended();
     }
     std::string reply;
     if (got.status == zds::ReceiveStatus::kError) {
@@ -221,7 +239,7 @@ bool ZdsClient::serve(UniqueFd conn) {
     if (!reply.empty()) SM_WARN("zds") << "nack: " << reply;
     if (auto err = zds::send_packet(conn.get(), zds::encode(zds::Ack{reply}))) {
       SM_WARN("zds") << "ack to the node agent: " << *err << "; reconnecting";
-      return true;
+      return ended();
     }
   }
 }

@@ -77,9 +77,9 @@ class ZdsClient {
   };
 
   void run();
-  // One connection to the agent: the hello, then requests until it ends or stop() is called.
-  // False when stop() was called.
-  bool serve(maps::UniqueFd conn);
+  // One connection to the agent: requests until it ends or stop() is called.
+  enum class Ended { kStopped, kAfterSnapshot, kEarly };
+  Ended serve(maps::UniqueFd conn);
   // Waits for stop() up to `d`; true when stop() was called.
   bool stop_requested_within(std::chrono::milliseconds d);
   std::string handle(const zds::Request& request, maps::UniqueFd fd, Session& session);
