@@ -361,32 +361,37 @@ class ZdsEndToEnd : public ::testing::Test {
     return agent::PodWorkload{uid, name, namespace_name, sa, std::move(ips), ns.path()};
   }
 
-  void start_proxy() {
+  // A proxy on this node; `ports_from` picks its admin, metrics and readiness ports (15000, 15020,
+  // 15021 for the first), so that a second one can run beside it.
+  ProxyProcess* start_proxy(std::optional<ProxyProcess>* into = nullptr, int ports_from = 15000) {
     ++proxy_runs_;
-    proxy_.emplace(node_.ns(),
-                   std::vector<std::string>{"--node",
-                                            "zds-node",
-                                            "--config",
-                                            tmp_.path() + "/mesh.yaml",
-                                            "--state-dir",
-                                            tmp_.path() + "/state",
-                                            "--zds-socket",
-                                            zds_socket_,
-                                            "--bpf-pin-root",
-                                            install_->root(),
-                                            "--admin",
-                                            "127.0.0.1:15000",
-                                            "--metrics",
-                                            "127.0.0.1:15020",
-                                            "--readiness",
-                                            "127.0.0.1:15021",
-                                            "--workers",
-                                            "2",
-                                            "--drain-timeout-ms",
-                                            "500",
-                                            "--log-level",
-                                            "info"},
-                   tmp_.path() + "/proxy-" + std::to_string(proxy_runs_) + ".log");
+    if (into == nullptr) into = &proxy_;
+    auto port = [&](int offset) { return "127.0.0.1:" + std::to_string(ports_from + offset); };
+    into->emplace(node_.ns(),
+                  std::vector<std::string>{"--node",
+                                           "zds-node",
+                                           "--config",
+                                           tmp_.path() + "/mesh.yaml",
+                                           "--state-dir",
+                                           tmp_.path() + "/state",
+                                           "--zds-socket",
+                                           zds_socket_,
+                                           "--bpf-pin-root",
+                                           install_->root(),
+                                           "--admin",
+                                           port(0),
+                                           "--metrics",
+                                           port(20),
+                                           "--readiness",
+                                           port(21),
+                                           "--workers",
+                                           "2",
+                                           "--drain-timeout-ms",
+                                           "500",
+                                           "--log-level",
+                                           "info"},
+                  tmp_.path() + "/proxy-" + std::to_string(proxy_runs_) + ".log");
+    return &**into;
   }
 
   uint64_t counter(sm_counter c) const {
@@ -643,6 +648,41 @@ TEST_F(ZdsEndToEnd, AfterAProxyRestartItReconnectsGetsTheSnapshotAndTrafficFlows
   EXPECT_EQ(app_b.accepted(), 2);
   EXPECT_EQ(server.accepted(), 1);
   EXPECT_FALSE(lines_with(proxy_->log(), {"snapshot received: 2 pod(s)"}).empty()) << proxy_->log();
+}
+
+// An upgrade: a new proxy connects while the old one still runs. The agent gives it the snapshot,
+// it opens the same ports in the pods beside the old listeners (SO_REUSEPORT) and takes the map's
+// slots; the old proxy then drains and exits without taking the new slots with it.
+TEST_F(ZdsEndToEnd, AnUpgradedProxyTakesThePodsOverWhileTheOldOneStillRuns) {
+  EchoServer app_b(pod_b_->path(), Endpoint{kPodB, kAppPort});
+  app_in_a_talks_to(Endpoint{kPodB, kAppPort}, 64 * 1024, 11);
+  auto old_slot = slot(kPodA, ListenerKind::kOutbound);
+  ASSERT_TRUE(old_slot);
+  uint64_t sessions = agent_->sessions();
+
+  std::optional<ProxyProcess> upgraded;
+  ProxyProcess* next = start_proxy(&upgraded, 16000);
+  ASSERT_TRUE(agent_->wait_connected(20s, sessions + 1)) << next->log();
+  ASSERT_TRUE(eventually([&] {
+    return !lines_with(next->log(), {"snapshot received: 2 pod(s)"}).empty();
+  })) << next->log();
+  EXPECT_TRUE(lines_with(next->log(), {"nack"}).empty()) << "the old proxy's ports were in the way\n"
+                                                         << next->log();
+  auto new_slot = slot(kPodA, ListenerKind::kOutbound);
+  ASSERT_TRUE(new_slot);
+  EXPECT_NE(*new_slot, *old_slot) << "the map names the new proxy's listener";
+  app_in_a_talks_to(Endpoint{kPodB, kAppPort}, 64 * 1024, 12);
+
+  ASSERT_EQ(proxy_->stop(), 0) << "the old proxy drains and exits cleanly";
+  EXPECT_EQ(slot(kPodA, ListenerKind::kOutbound), new_slot) << "its exit left the new slots alone";
+  EXPECT_TRUE(slot(kPodB, ListenerKind::kHbone));
+  app_in_a_talks_to(Endpoint{kPodB, kAppPort}, 256 * 1024, 13);
+  EXPECT_EQ(app_b.accepted(), 3);
+  EXPECT_TRUE(eventually([&] {
+    return !lines_with(next->log(), {"access", "direction=inbound", "dst.addr=10.201.2.2:8080"})
+                .empty();
+  })) << "the new proxy carried the traffic\n"
+      << next->log();
 }
 
 }  // namespace
