@@ -171,6 +171,21 @@ void ZdsServer::accept_pending() {
   }
 }
 
+void ZdsServer::wait_for_proxy(std::unique_lock<std::mutex>& lock) {
+  auto deadline = std::chrono::steady_clock::now() + options_.connect_wait;
+  accept_pending();
+  while (sessions_.empty() && !stopping_) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return;
+    pollfd p{listen_fd_.get(), POLLIN, 0};
+    lock.unlock();
+    poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 50)));
+    lock.lock();
+    accept_pending();
+  }
+}
+
 Status ZdsServer::open_session(UniqueFd fd) {
   auto hello = zds::receive_packet(fd.get(), static_cast<int>(options_.hello_timeout.count()));
   if (hello.status != zds::ReceiveStatus::kOk) {
@@ -270,14 +285,16 @@ Status ZdsServer::send_pod(size_t index, const PodWorkload& pod, bool keep_if_go
 }
 
 Status ZdsServer::add(const PodWorkload& pod) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   if (pod.uid.empty()) return Error{EINVAL, "a pod without a uid"};
   if (!synced_) {
     pods_[pod.uid] = pod;
     return Error{EAGAIN, "pod " + pod.uid +
                              " remembered but not handed over: sync() has not been called yet"};
   }
-  accept_pending();  // a proxy that connected a moment ago gets the snapshot first
+  // A proxy that connected a moment ago gets the snapshot first; one that is reconnecting is
+  // waited for a little.
+  wait_for_proxy(lock);
   if (sessions_.empty()) {
     pods_[pod.uid] = pod;
     return Error{ENOTCONN, "no proxy is connected on " + options_.socket_path};
@@ -313,13 +330,13 @@ Status ZdsServer::remove(const std::string& uid) {
 }
 
 Status ZdsServer::sync(const std::vector<PodWorkload>& all) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   pods_.clear();
   for (const auto& p : all) pods_[p.uid] = p;
   synced_ = true;
   // A snapshot is sent once per connection: proxies that have one reconnect and get this one.
   while (!sessions_.empty()) close_session(0, "a new snapshot needs a new connection");
-  accept_pending();
+  wait_for_proxy(lock);
   if (sessions_.empty()) {
     return Error{ENOTCONN, "snapshot of " + std::to_string(pods_.size()) +
                                " pod(s) remembered; no proxy is connected on " +

@@ -36,6 +36,10 @@ struct ZdsServerOptions {
   std::chrono::milliseconds hello_timeout{1000};  // a proxy says hello as soon as it connects
   // Connections served per accept round: each may cost a hello timeout under the agent's lock.
   int max_accepts_per_round = 4;
+  // How long sync() and add() wait for a proxy to connect when none is: a running proxy that
+  // lost its agent reconnects within its back-off (2 s at most), and an agent that has just
+  // started must not fail the pods it enrolls in that gap.
+  std::chrono::milliseconds connect_wait{3000};
 };
 
 class ZdsServer : public WorkloadHandoff {
@@ -68,6 +72,8 @@ class ZdsServer : public WorkloadHandoff {
   // All below run with mu_ held.
   // Accepts every connection waiting in the backlog and gives each the snapshot.
   void accept_pending();
+  // With no session: waits up to connect_wait for a proxy to connect (mu_ released meanwhile).
+  void wait_for_proxy(std::unique_lock<std::mutex>& lock);
   // Reads the proxy's hello, then sends every pod and snapshot_sent.
   maps::Status open_session(maps::UniqueFd fd);
   void close_session(size_t index, const std::string& why);

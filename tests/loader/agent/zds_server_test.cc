@@ -142,6 +142,7 @@ std::unique_ptr<ZdsServer> serve(const std::string& path) {
   ZdsServerOptions o;
   o.socket_path = path;
   o.ack_timeout = 2000ms;
+  o.connect_wait = 300ms;
   auto server = ZdsServer::listen(o);
   EXPECT_TRUE(server) << server.error().message;
   return server ? std::move(server).value() : nullptr;
@@ -289,6 +290,27 @@ TEST(ZdsServer, AnAddThatWouldPassOneKibGoesWithoutItsIps) {
       << "a pod that fits keeps its IPs";
   EXPECT_LE(zds::encode(zds::Request{zds::AddWorkload{big.uid, {big.name, "ns", "sa"}, {}}}).size(),
             zds::kMaxSentBytes);
+}
+
+// An agent that starts while its proxy is still in its reconnect back-off: sync() waits for it a
+// little (connect_wait), so the pods the agent enrolls at start are not refused.
+TEST(ZdsServer, SyncWaitsForAProxyThatIsReconnecting) {
+  auto path = temp_socket_path();
+  auto agent = serve(path);
+  ASSERT_TRUE(agent);
+  std::unique_ptr<FakeProxy> proxy;
+  std::thread later([&] {
+    std::this_thread::sleep_for(100ms);
+    proxy = std::make_unique<FakeProxy>(path);
+  });
+  auto s = agent->sync({pod("a", "10.0.0.1")});
+  later.join();
+  ASSERT_TRUE(s) << s.error().message;
+  ASSERT_TRUE(agent->add(pod("b", "10.0.0.2")));
+  EXPECT_EQ(whats(proxy->seen()),
+            (std::vector<std::string>{"add uid=a name=ns/a-name sa=sa ips=10.0.0.1",
+                                      "snapshot_sent",
+                                      "add uid=b name=ns/b-name sa=sa ips=10.0.0.2"}));
 }
 
 // A local process that connects and says nothing costs the agent one hello timeout, not more,
