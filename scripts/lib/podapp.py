@@ -80,6 +80,7 @@ async def one_connection(args, index, report):
     seed = args.seed * 100003 + index
     sent_hash, got_hash = hashlib.sha256(), hashlib.sha256()
     sent = got = 0
+    sender = None
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"),
                                                                         int(port)),
@@ -140,6 +141,16 @@ async def one_connection(args, index, report):
         report["first_error_at"] = report["first_error_at"] or time.time()
         return False
     finally:
+        # When the receive side failed first, the sender is still running or has failed too:
+        # end it and take its exception, or asyncio prints "Task exception was never retrieved"
+        # after the report, and the report is no longer the last line.
+        if sender is not None:
+            if not sender.done():
+                sender.cancel()
+            try:
+                await sender
+            except (asyncio.CancelledError, OSError, asyncio.TimeoutError):
+                pass
         writer.close()
 
 

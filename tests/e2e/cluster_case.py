@@ -101,9 +101,15 @@ class ClusterCase(unittest.TestCase):
             time.sleep(0.05)
         self.assertFalse(proc.alive(), "the client %s is still running after %ss (a hang)" % (
             proc.name, timeout))
-        lines = proc.log().strip().splitlines()
-        self.assertTrue(lines, "client %s printed nothing" % proc.name)
-        return json.loads(lines[-1])
+        log = proc.log()
+        for line in reversed(log.strip().splitlines()):
+            try:
+                report = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(report, dict) and "ok" in report:
+                return report
+        self.fail("client %s printed no report; its output:\n%s" % (proc.name, log[-3000:]))
 
 
 def main():
