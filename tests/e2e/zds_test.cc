@@ -685,5 +685,30 @@ TEST_F(ZdsEndToEnd, AnUpgradedProxyTakesThePodsOverWhileTheOldOneStillRuns) {
       << next->log();
 }
 
+// An add that fails is nacked and tried again, as ztunnel retries its pending pods: here
+// something else holds port 15008 in pod B (no SO_REUSEPORT) until the test lets it go.
+TEST_F(ZdsEndToEnd, AFailedAddIsTriedAgainUntilThePodIsServed) {
+  ASSERT_TRUE(agent_->remove("uid-b"));
+  ASSERT_FALSE(slot(kPodB, ListenerKind::kHbone));
+  std::optional<EchoServer> squatter;
+  squatter.emplace(pod_b_->path(), Endpoint{kPodB, SM_PORT_HBONE});
+  auto s = agent_->add(pod_workload(*pod_b_, {kPodB, kPodB6}, "uid-b", "b", "ns-b", "sa-b"));
+  ASSERT_FALSE(s) << "15008 is taken in the pod: the proxy must refuse";
+  EXPECT_NE(s.error().message.find("15008"), std::string::npos) << s.error().message;
+  EXPECT_FALSE(slot(kPodB, ListenerKind::kOutbound));
+  EXPECT_FALSE(lines_with(proxy_->log(), {"pod uid-b not served yet; trying again"}).empty())
+      << proxy_->log();
+
+  squatter.reset();  // the port is free again
+  ASSERT_TRUE(eventually([&] { return slot(kPodB, ListenerKind::kHbone).has_value(); }, 12s))
+      << "the proxy did not try the add again\n"
+      << proxy_->log();
+  EXPECT_TRUE(slot(kPodB6, ListenerKind::kOutbound));
+  EXPECT_FALSE(lines_with(proxy_->log(), {"pod uid-b served after"}).empty()) << proxy_->log();
+  EchoServer app_b(pod_b_->path(), Endpoint{kPodB, kAppPort});
+  app_in_a_talks_to(Endpoint{kPodB, kAppPort}, 64 * 1024, 14);
+  EXPECT_EQ(app_b.accepted(), 1);
+}
+
 }  // namespace
 }  // namespace sockmesh

@@ -1,5 +1,6 @@
 #include "proxy/zds.h"
 
+#include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -209,15 +210,28 @@ void ZdsClient::run() {
 
 ZdsClient::Ended ZdsClient::serve(UniqueFd conn) {
   Session session;
+  auto next_retry = std::chrono::steady_clock::now() + options_.retry_failed_add;
   auto ended = [&] { return session.snapshot_received ? Ended::kAfterSnapshot : Ended::kEarly; };
   while (true) {
     pollfd fds[2] = {{wake_fd_.get(), POLLIN, 0}, {conn.get(), POLLIN, 0}};
-    int n = poll(fds, 2, -1);
+    auto now = std::chrono::steady_clock::now();
+    if (failed_.empty()) next_retry = now + options_.retry_failed_add;
+    int wait_ms = -1;
+    if (!failed_.empty()) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(next_retry - now);
+      wait_ms = static_cast<int>(std::max<int64_t>(left.count(), 0));
+    }
+    int n = poll(fds, 2, wait_ms);
     if (n < 0) {
       if (errno == EINTR) continue;
       SM_ERROR("zds") << errno_text("poll") << "; reconnecting to the node agent";
       return ended();
     }
+    if (!failed_.empty() && std::chrono::steady_clock::now() >= next_retry) {
+      retry_failed_adds();
+      next_retry = std::chrono::steady_clock::now() + options_.retry_failed_add;
+    }
+    if (n == 0) continue;
     if (fds[0].revents != 0) return Ended::kStopped;
     if (fds[1].revents == 0) continue;
     auto got = zds::receive_packet(conn.get(), 0);
@@ -249,7 +263,7 @@ std::string ZdsClient::handle(const zds::Request& request, UniqueFd fd, Session&
   if (const auto* a = std::get_if<zds::AddWorkload>(&request)) {
     if (!fd) return "add " + a->uid + " came without the pod's netns descriptor";
     if (!session.snapshot_received) session.mentioned.insert(a->uid);
-    return add(*a, std::move(fd));
+    return add_or_remember(*a, std::move(fd));
   }
   if (fd) return "unexpected descriptor with " + zds::describe(request);
   if (const auto* k = std::get_if<zds::KeepWorkload>(&request)) {
@@ -270,10 +284,41 @@ std::string ZdsClient::handle(const zds::Request& request, UniqueFd fd, Session&
     if (session.mentioned.count(uid) == 0) gone.push_back(uid);
   }
   for (const auto& uid : gone) remove(uid, "not in the node agent's snapshot");
+  for (auto it = failed_.begin(); it != failed_.end();) {
+    it = session.mentioned.count(it->first) == 0 ? failed_.erase(it) : std::next(it);
+  }
   SM_INFO("zds") << "snapshot received: " << pods_.size() << " pod(s)"
                  << (gone.empty() ? "" : ", " + std::to_string(gone.size()) + " closed");
   session.mentioned.clear();
   return "";
+}
+
+std::string ZdsClient::add_or_remember(const zds::AddWorkload& a, UniqueFd netns_fd) {
+  failed_.erase(a.uid);  // this add supersedes an earlier one that failed
+  UniqueFd copy(fcntl(netns_fd.get(), F_DUPFD_CLOEXEC, 0));
+  std::string err = add(a, std::move(netns_fd));
+  if (!err.empty() && copy && !a.uid.empty()) {
+    SM_WARN("zds") << "pod " << a.uid << " not served yet; trying again every "
+                   << options_.retry_failed_add.count() << " ms";
+    failed_[a.uid] = Failed{a, std::move(copy), 1};
+  }
+  return err;
+}
+
+void ZdsClient::retry_failed_adds() {
+  for (auto it = failed_.begin(); it != failed_.end();) {
+    Failed& f = it->second;
+    UniqueFd copy(fcntl(f.netns.get(), F_DUPFD_CLOEXEC, 0));
+    std::string err = copy ? add(f.info, std::move(copy)) : errno_text("dup of the pod's netns");
+    ++f.attempts;
+    if (err.empty()) {
+      SM_INFO("zds") << "pod " << it->first << " served after " << f.attempts << " attempts";
+      it = failed_.erase(it);
+      continue;
+    }
+    SM_DEBUG("zds") << "pod " << it->first << ", attempt " << f.attempts << ": " << err;
+    ++it;
+  }
 }
 
 std::optional<std::string> ZdsClient::listener_map(maps::ListenerMap** out) {
@@ -386,6 +431,7 @@ std::string ZdsClient::add(const zds::AddWorkload& add, UniqueFd netns_fd) {
 }
 
 void ZdsClient::remove(const std::string& uid, const std::string& why) {
+  failed_.erase(uid);
   auto it = pods_.find(uid);
   if (it == pods_.end()) return;
   Pod& pod = it->second;

@@ -38,6 +38,9 @@ struct ZdsOptions {
   // Reconnect back-off, doubling from retry_min up to retry_max while the agent is away.
   std::chrono::milliseconds retry_min{20};
   std::chrono::milliseconds retry_max{2000};
+  // A pod whose add failed (nacked) is tried again this often until it works, the agent deletes
+  // it, or a snapshot leaves it out (as ztunnel retries its pending pods).
+  std::chrono::milliseconds retry_failed_add{5000};
 };
 
 class ZdsClient {
@@ -70,6 +73,12 @@ class ZdsClient {
     std::shared_ptr<const net::Netns> netns;
     std::vector<Registration> registered;
   };
+  // An add that failed, kept with its own copy of the netns descriptor to try again.
+  struct Failed {
+    zds::AddWorkload info;
+    maps::UniqueFd netns;
+    int attempts = 1;
+  };
   // What one agent connection has said so far.
   struct Session {
     bool snapshot_received = false;
@@ -84,6 +93,9 @@ class ZdsClient {
   bool stop_requested_within(std::chrono::milliseconds d);
   std::string handle(const zds::Request& request, maps::UniqueFd fd, Session& session);
   std::string add(const zds::AddWorkload& add, maps::UniqueFd netns_fd);
+  // add() from a request: a failure is remembered in failed_ and retried.
+  std::string add_or_remember(const zds::AddWorkload& add, maps::UniqueFd netns_fd);
+  void retry_failed_adds();
   void remove(const std::string& uid, const std::string& why);
   std::optional<std::string> listener_map(maps::ListenerMap** out);
   // When the pinned listener map is no longer the one we opened: forget it and every pod.
@@ -94,7 +106,8 @@ class ZdsClient {
   maps::UniqueFd wake_fd_;  // eventfd: stop()
   std::thread thread_;
   std::atomic<bool> synced_{false};
-  std::map<std::string, Pod> pods_;  // by uid; the ZDS thread's alone
+  std::map<std::string, Pod> pods_;       // by uid; the ZDS thread's alone
+  std::map<std::string, Failed> failed_;  // by uid; adds to try again
   std::optional<maps::ListenerMap> listeners_map_;
   std::atomic<size_t> pod_count_{0};
   observe::Gauge* pods_gauge_;
