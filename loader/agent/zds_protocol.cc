@@ -362,6 +362,17 @@ std::string describe(const Request& request) {
   return "snapshot_sent";
 }
 
+std::optional<std::string> socket_address(const std::string& path, sockaddr_un* out) {
+  *out = sockaddr_un{};
+  out->sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof out->sun_path) {
+    return "the ZDS socket path needs 1 to " + std::to_string(sizeof out->sun_path - 1) +
+           " characters: \"" + path + "\"";
+  }
+  std::memcpy(out->sun_path, path.data(), path.size());
+  return std::nullopt;
+}
+
 std::optional<std::string> send_packet(int socket_fd, std::string_view bytes, int attach_fd) {
   iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
   msghdr msg{};

@@ -37,6 +37,8 @@
 // keep and snapshot_sent are valid only before the first snapshot_sent of a connection; a second
 // full snapshot needs a new connection. A restarted proxy, or a restarted agent, therefore meets
 // its peer on a new connection and gets (or sends) the whole snapshot.
+#include <sys/un.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -115,6 +117,10 @@ struct Received {
   Packet packet;
   std::string error;  // kError: what went wrong (truncation, more than one fd, errno)
 };
+
+// The address of the ZDS socket at `path` (the agent binds it, the proxy connects to it); an
+// error when the path is empty or too long for sockaddr_un.
+std::optional<std::string> socket_address(const std::string& path, sockaddr_un* out);
 
 // Sends one packet; `attach_fd` >= 0 goes along as SCM_RIGHTS. Returns an error message.
 std::optional<std::string> send_packet(int socket_fd, std::string_view bytes, int attach_fd = -1);

@@ -54,24 +54,11 @@ zds::AddWorkload to_add(const PodWorkload& pod) {
   return add;
 }
 
-bool fill_address(const std::string& path, sockaddr_un* addr, std::string* error) {
-  *addr = sockaddr_un{};
-  addr->sun_family = AF_UNIX;
-  if (path.empty() || path.size() >= sizeof addr->sun_path) {
-    *error = "ZDS socket path must have 1 to " + std::to_string(sizeof addr->sun_path - 1) +
-             " characters: " + path;
-    return false;
-  }
-  std::memcpy(addr->sun_path, path.data(), path.size());
-  return true;
-}
-
 }  // namespace
 
 maps::Result<std::unique_ptr<ZdsServer>> ZdsServer::listen(ZdsServerOptions options) {
   sockaddr_un addr;
-  std::string err;
-  if (!fill_address(options.socket_path, &addr, &err)) return Error{ENAMETOOLONG, err};
+  if (auto err = zds::socket_address(options.socket_path, &addr)) return Error{ENAMETOOLONG, *err};
   const std::string& path = options.socket_path;
   struct stat st {};
   if (lstat(path.c_str(), &st) == 0) {

@@ -1,7 +1,6 @@
 #pragma once
 // A byte buffer whose resize() does not zero the new bytes: buffers that a read() is about to
 // fill would otherwise be written twice.
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

@@ -509,17 +509,8 @@ void H2Connection::on_readable() {
       return;
     }
     if (want_input) {
-      reading_ = true;
-      stream_->next_layer().async_wait(
-          boost::asio::ip::tcp::socket::wait_read, [self](const boost::system::error_code& ec) {
-            self->reading_ = false;
-            if (self->closed_) return;
-            if (ec) {
-              self->close_transport("read failed: " + ec.message());
-              return;
-            }
-            self->on_readable();
-          });
+      wait_socket(boost::asio::socket_base::wait_read, &H2Connection::reading_, "read failed",
+                  &H2Connection::on_readable);
       return;
     }
   }
@@ -575,7 +566,8 @@ void H2Connection::schedule_write() {
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        wait_writable();
+        wait_socket(boost::asio::socket_base::wait_write, &H2Connection::writing_, "write failed",
+                    &H2Connection::schedule_write);
         return;
       }
       close_transport(std::string("write failed: ") + std::strerror(errno));
@@ -598,18 +590,19 @@ void H2Connection::schedule_write() {
   }
 }
 
-void H2Connection::wait_writable() {
-  writing_ = true;
+void H2Connection::wait_socket(boost::asio::socket_base::wait_type what,
+                               bool H2Connection::*busy, const char* failure,
+                               void (H2Connection::*resume)()) {
+  this->*busy = true;
   stream_->next_layer().async_wait(
-      boost::asio::ip::tcp::socket::wait_write,
-      [self = shared_from_this()](const boost::system::error_code& ec) {
-        self->writing_ = false;
+      what, [self = shared_from_this(), busy, failure, resume](const boost::system::error_code& ec) {
+        self.get()->*busy = false;
         if (self->closed_) return;
         if (ec) {
-          self->close_transport("write failed: " + ec.message());
+          self->close_transport(std::string(failure) + ": " + ec.message());
           return;
         }
-        self->schedule_write();
+        (self.get()->*resume)();
       });
 }
 

@@ -200,7 +200,10 @@ class H2Connection : public std::enable_shared_from_this<H2Connection> {
   void take_over_tls();
   void read_loop();
   void on_readable();
-  void wait_writable();
+  // Waits until the socket is readable or writable, with `busy` set meanwhile, then calls
+  // `resume`; a failed wait closes the connection with "<failure>: <reason>".
+  void wait_socket(boost::asio::socket_base::wait_type what, bool H2Connection::*busy,
+                   const char* failure, void (H2Connection::*resume)());
   void maybe_close();
   void arm_keepalive();
   void close_transport(const std::string& reason);

@@ -8,7 +8,6 @@
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -126,11 +125,8 @@ ZdsClient::ZdsClient(Proxy& proxy, ZdsOptions options)
 ZdsClient::~ZdsClient() { stop(); }
 
 std::optional<std::string> ZdsClient::start() {
-  sockaddr_un addr{};
-  if (options_.socket_path.empty() || options_.socket_path.size() >= sizeof addr.sun_path) {
-    return "--zds-socket: a path of 1 to " + std::to_string(sizeof addr.sun_path - 1) +
-           " characters is needed";
-  }
+  sockaddr_un addr;
+  if (auto err = zds::socket_address(options_.socket_path, &addr)) return "--zds-socket: " + *err;
   wake_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake_fd_) return errno_text("eventfd");
   SM_INFO("zds") << "connecting to the node agent on " << options_.socket_path << " (pin root "
@@ -161,9 +157,8 @@ bool ZdsClient::stop_requested_within(std::chrono::milliseconds d) {
 }
 
 void ZdsClient::run() {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, options_.socket_path.data(), options_.socket_path.size());
+  sockaddr_un addr;
+  (void)zds::socket_address(options_.socket_path, &addr);  // checked by start()
   auto backoff = options_.retry_min;
   std::string last_failure;
   while (true) {
