@@ -3,8 +3,6 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,7 +10,6 @@
 #include <optional>
 
 #include "base/log.h"
-#include "loader/agent/files.h"
 
 namespace sockmesh::agent {
 namespace {
@@ -30,27 +27,23 @@ CniEventServer::CniEventServer(std::string socket_path, Handler handler, LostHan
 
 CniEventServer::~CniEventServer() { stop(); }
 
+maps::Result<UnixListener> CniEventServer::claim(const std::string& socket_path) {
+  return UnixListener::open({.path = socket_path, .what = "CNI events", .backlog = 128});
+}
+
 maps::Status CniEventServer::start() {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path_.size() >= sizeof(addr.sun_path)) return Error{ENAMETOOLONG, "socket path " + path_};
-  std::memcpy(addr.sun_path, path_.c_str(), path_.size() + 1);
-  if (auto slash = path_.rfind('/'); slash != std::string::npos && slash > 0) {
-    if (auto s = make_dirs(path_.substr(0, slash)); !s) return s;
+  auto listener = claim(path_);
+  if (!listener) return listener.error();
+  return start(std::move(*listener));
+}
+
+maps::Status CniEventServer::start(UnixListener listener) {
+  if (listener.path() != path_) {
+    return Error{EINVAL, "CNI event socket " + listener.path() + " is not " + path_};
   }
-  UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-  if (!fd) return Error::from_errno(errno, "creating the CNI event socket");
-  // A socket file left by an earlier agent: nobody can be listening on it, or bind would be the
-  // least of our worries (two agents on one node).
-  unlink(path_.c_str());
-  mode_t old_mask = umask(0077);
-  int rc = bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  umask(old_mask);
-  if (rc != 0) return Error::from_errno(errno, "binding " + path_);
-  if (listen(fd.get(), 128) != 0) return Error::from_errno(errno, "listening on " + path_);
   UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake) return Error::from_errno(errno, "eventfd");
-  listener_ = std::move(fd);
+  listener_ = std::move(listener);
   wakeup_ = std::move(wake);
   started_ = true;
   acceptor_ = std::thread([this] { accept_loop(); });
@@ -70,18 +63,17 @@ void CniEventServer::stop() {
     workers.swap(workers_);
   }
   for (auto& w : workers) w.thread.join();
-  listener_.reset();
-  unlink(path_.c_str());
+  listener_.close();  // removes the socket file only if it is still ours
 }
 
 void CniEventServer::accept_loop() {
   for (;;) {
-    pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wakeup_.get(), POLLIN, 0}};
+    pollfd fds[2] = {{listener_.fd(), POLLIN, 0}, {wakeup_.get(), POLLIN, 0}};
     int ready = poll(fds, 2, -1);
     if (ready < 0 && errno == EINTR) continue;
     if (ready < 0 || (fds[1].revents & POLLIN)) return;
     if (!(fds[0].revents & POLLIN)) continue;
-    UniqueFd connection(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    UniqueFd connection(accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!connection) {
       if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
         SM_WARN("agent") << "accepting a CNI event: " << std::strerror(errno);

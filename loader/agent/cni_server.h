@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "cni/event/pod_event.h"
+#include "loader/agent/unix_listener.h"
 #include "loader/maps/result.h"
 #include "loader/maps/unique_fd.h"
 
@@ -28,9 +29,15 @@ class CniEventServer {
   CniEventServer(const CniEventServer&) = delete;
   CniEventServer& operator=(const CniEventServer&) = delete;
 
-  // Creates the directory, replaces a stale socket file, listens (mode 0600) and starts serving.
+  // Creates the directory, replaces a stale socket file (but not one another agent answers on),
+  // listens (mode 0600) and starts serving.
   maps::Status start();
-  // Stops accepting, waits for the connections being served, removes the socket file.
+  // The same on a socket claimed earlier with claim(): the agent claims its socket before it
+  // changes anything on the node, so that a second agent stops before doing harm.
+  static maps::Result<UnixListener> claim(const std::string& socket_path);
+  maps::Status start(UnixListener listener);
+  // Stops accepting, waits for the connections being served, removes the socket file if it is
+  // still the one this server bound.
   void stop();
 
   const std::string& socket_path() const { return path_; }
@@ -43,7 +50,7 @@ class CniEventServer {
   const std::string path_;
   Handler handler_;
   LostHandler lost_;
-  maps::UniqueFd listener_;
+  UnixListener listener_;
   maps::UniqueFd wakeup_;  // eventfd that ends accept_loop
   std::thread acceptor_;
   std::mutex mu_;

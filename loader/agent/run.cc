@@ -81,6 +81,12 @@ int run_agent(const RunOptions& options, std::unique_ptr<WorkloadHandoff> handof
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // The plugin's socket first: a second agent on the node stops here, before it changes anything.
+  const std::string cni_socket_path =
+      options.socket_path.empty() ? options.run_dir + "/cni.sock" : options.socket_path;
+  auto cni_socket = CniEventServer::claim(cni_socket_path);
+  if (!cni_socket) return fail("CNI event socket: " + cni_socket.error().message);
+
   if (!options.skip_install) {
     // install() logs what it changes.
     auto report = loader::install(options.install);
@@ -108,10 +114,11 @@ int run_agent(const RunOptions& options, std::unique_ptr<WorkloadHandoff> handof
   if (auto s = agent.start(); !s) return fail("reconciling enrolled pods: " + s.error().message);
 
   CniEventServer server(
-      options.socket_path.empty() ? options.run_dir + "/cni.sock" : options.socket_path,
-      [&](const cni::PodEvent& e) { return agent.handle(e); },
+      cni_socket_path, [&](const cni::PodEvent& e) { return agent.handle(e); },
       [&](const cni::PodEvent& e) { agent.reply_lost(e); });
-  if (auto s = server.start(); !s) return fail("CNI event socket: " + s.error().message);
+  if (auto s = server.start(std::move(*cni_socket)); !s) {
+    return fail("CNI event socket: " + s.error().message);
+  }
   source->start([&](LabelViewPtr view) { agent.update_labels(std::move(view)); });
   SM_INFO("agent") << "running: labels from " << source->name() << ", pin root "
                    << options.install.pin_root;

@@ -6,7 +6,6 @@
 #include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -57,48 +56,19 @@ zds::AddWorkload to_add(const PodWorkload& pod) {
 }  // namespace
 
 maps::Result<std::unique_ptr<ZdsServer>> ZdsServer::listen(ZdsServerOptions options) {
-  sockaddr_un addr;
+  sockaddr_un addr;  // the path must also fit the proxy's side of the protocol
   if (auto err = zds::socket_address(options.socket_path, &addr)) return Error{ENAMETOOLONG, *err};
-  const std::string& path = options.socket_path;
-  struct stat st {};
-  if (lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) return Error{EEXIST, path + " exists and is not a socket"};
-    // Someone answering on it is another agent: taking its path away would cut its proxies off.
-    // Only a refused connection proves the file stale (a full backlog answers EAGAIN).
-    UniqueFd probe(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!probe) return Error::from_errno(errno, "socket(AF_UNIX, SOCK_SEQPACKET)");
-    if (connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 ||
-        errno == EAGAIN) {
-      return Error{EADDRINUSE, "another process serves ZDS on " + path +
-                                   " (a second node agent?); not taking it over"};
-    }
-    if (errno != ECONNREFUSED) return Error::from_errno(errno, "probing " + path);
-    unlink(path.c_str());  // left by an agent that is gone
-  } else {
-    // The directory may be a fresh host path (Istio's /var/run/ztunnel).
-    auto slash = path.rfind('/');
-    if (slash != std::string::npos && slash > 0) mkdir(path.substr(0, slash).c_str(), 0755);
-  }
-  UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd) return Error::from_errno(errno, "socket(AF_UNIX, SOCK_SEQPACKET)");
-  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    return Error::from_errno(errno, "binding the ZDS socket " + path);
-  }
-  if (chmod(path.c_str(), 0600) != 0) {  // netns handles are root's business
-    return Error::from_errno(errno, "chmod 0600 " + path);
-  }
-  struct stat bound {};
-  if (lstat(path.c_str(), &bound) != 0) return Error::from_errno(errno, "stat " + path);
-  if (::listen(fd.get(), 16) != 0) return Error::from_errno(errno, "listen on " + path);
-  SM_INFO("zds") << "serving ZDS on " << path << ": the proxy connects here for the node's pods";
-  auto server = std::unique_ptr<ZdsServer>(new ZdsServer(std::move(options), std::move(fd)));
-  server->socket_dev_ = bound.st_dev;
-  server->socket_ino_ = bound.st_ino;
-  return server;
+  // The proxy connects non-blocking and the agent polls: the listening end is non-blocking too.
+  auto listener = UnixListener::open(
+      {.path = options.socket_path, .what = "ZDS", .backlog = 16, .non_blocking = true});
+  if (!listener) return listener.error();
+  SM_INFO("zds") << "serving ZDS on " << options.socket_path
+                 << ": the proxy connects here for the node's pods";
+  return std::unique_ptr<ZdsServer>(new ZdsServer(std::move(options), std::move(*listener)));
 }
 
-ZdsServer::ZdsServer(ZdsServerOptions options, UniqueFd listen_fd)
-    : options_(std::move(options)), listen_fd_(std::move(listen_fd)) {
+ZdsServer::ZdsServer(ZdsServerOptions options, UnixListener listener)
+    : options_(std::move(options)), listener_(std::move(listener)) {
   thread_ = std::thread([this] { background(); });
 }
 
@@ -109,13 +79,7 @@ ZdsServer::~ZdsServer() {
   }
   cv_.notify_all();
   thread_.join();
-  listen_fd_.reset();
-  // Remove the file only if it is still ours: a successor agent may have bound the path by now.
-  struct stat st {};
-  if (lstat(options_.socket_path.c_str(), &st) == 0 && st.st_dev == socket_dev_ &&
-      st.st_ino == socket_ino_) {
-    unlink(options_.socket_path.c_str());
-  }
+  listener_.close();  // removes the socket file only if a successor has not bound the path
 }
 
 bool ZdsServer::connected() const {
@@ -136,7 +100,7 @@ bool ZdsServer::wait_connected(std::chrono::milliseconds timeout, uint64_t min_s
 
 void ZdsServer::accept_pending() {
   for (int served = 0; served < options_.max_accepts_per_round;) {
-    UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    UniqueFd fd(accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!fd) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -165,7 +129,7 @@ void ZdsServer::wait_for_proxy(std::unique_lock<std::mutex>& lock) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return;
-    pollfd p{listen_fd_.get(), POLLIN, 0};
+    pollfd p{listener_.fd(), POLLIN, 0};
     lock.unlock();
     poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 50)));
     lock.lock();
@@ -371,7 +335,7 @@ void ZdsServer::background() {
       continue;
     }
     // Short naps: a new or dropped connection is noticed within one.
-    pollfd p{listen_fd_.get(), POLLIN, 0};
+    pollfd p{listener_.fd(), POLLIN, 0};
     lock.unlock();
     poll(&p, 1, 50);
     lock.lock();

@@ -13,7 +13,6 @@
 #include <condition_variable>
 #include <cstdint>
 #include <map>
-#include <sys/types.h>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -21,6 +20,7 @@
 #include <vector>
 
 #include "loader/agent/handoff.h"
+#include "loader/agent/unix_listener.h"
 #include "loader/agent/zds_protocol.h"
 #include "loader/maps/result.h"
 #include "loader/maps/unique_fd.h"
@@ -67,7 +67,7 @@ class ZdsServer : public WorkloadHandoff {
     maps::UniqueFd fd;
     uint64_t number = 0;
   };
-  ZdsServer(ZdsServerOptions options, maps::UniqueFd listen_fd);
+  ZdsServer(ZdsServerOptions options, UnixListener listener);
 
   // All below run with mu_ held.
   // Accepts every connection waiting in the backlog and gives each the snapshot.
@@ -86,9 +86,7 @@ class ZdsServer : public WorkloadHandoff {
   void background();
 
   const ZdsServerOptions options_;
-  maps::UniqueFd listen_fd_;
-  dev_t socket_dev_ = 0;  // the socket file we bound: removed at exit only if it is still ours
-  ino_t socket_ino_ = 0;
+  UnixListener listener_;
   bool accept_failing_ = false;  // accept() fails with other than EAGAIN (EMFILE...): back off
   mutable std::mutex mu_;
   std::condition_variable cv_;

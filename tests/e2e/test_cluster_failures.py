@@ -2,11 +2,13 @@
 """End to end on two simulated nodes, when things stop: the proxy drained by SIGTERM and
 restarted, the proxy killed mid-transfer, the node agent restarted under load, and a node whose
 proxy is down. Topology: cluster.demo_topology; the proxies' drain deadline is 3 s."""
+import os
 import re
 import signal
+import subprocess
 import time
 
-from cluster_case import APP_PORT, ECHO_VIP, ClusterCase, main, wait_until
+from cluster_case import APP_PORT, ECHO_VIP, ClusterCase, cluster, main, wait_until
 
 
 class Failures(ClusterCase):
@@ -124,6 +126,40 @@ class Failures(ClusterCase):
         for s in streams:
             r = self.report_of(s, 20)
             self.assertTrue(r["ok"], "%s broke across the upgrade: %s" % (s.name, r))
+        self.assert_fresh_traffic_flows()
+
+    def second_agent(self, node, tag, zds_socket, extra=()):
+        """Another `sockmesh-loader run` on node's run dir, as a second DaemonSet pod would be;
+        its exit code and log once it has ended (it must end by itself)."""
+        argv = list(node.agent.argv)
+        argv[argv.index("--zds-socket") + 1] = zds_socket
+        p = cluster.Process("agent-" + tag, argv + list(extra), netns=node.netns_path,
+                            log_path=os.path.join(node.dir, "agent-%s.log" % tag))
+        try:
+            return p.popen.wait(10), p.log()
+        except subprocess.TimeoutExpired:
+            p.stop(signal.SIGKILL)
+            self.fail("the second agent (%s) kept running:\n%s" % (tag, p.log()[-2000:]))
+
+    def test_a_second_node_agent_stops_before_it_changes_anything(self):
+        # Same ZDS socket: the first agent's proxy keeps its session.
+        tc_program = self.pinned_program_id(self.a, "sm_tc_ingress")
+        code, log = self.second_agent(self.a, "same-zds", self.a.zds_socket)
+        self.assertEqual(code, 1, log)
+        self.assertIn("another process serves ZDS on %s" % self.a.zds_socket, log)
+        # Its own ZDS socket, the node's run dir: stopped by the CNI socket, before installing
+        # (with --fail-open, an install would have replaced the pinned tc program).
+        other_zds = os.path.join(self.a.dir, "second-zds.sock")
+        code, log = self.second_agent(self.a, "same-run-dir", other_zds, ["--fail-open"])
+        self.assertEqual(code, 1, log)
+        self.assertIn("another process serves CNI events on %s" %
+                      os.path.join(self.a.run_dir, "cni.sock"), log)
+        self.assertFalse(os.path.exists(other_zds), "the second agent left its ZDS socket behind")
+        self.assertEqual(self.pinned_program_id(self.a, "sm_tc_ingress"), tc_program,
+                         "the second agent reinstalled the datapath")
+        self.assertTrue(self.a.agent.alive())
+        # The first agent still has its sockets, and traffic flows.
+        self.assertTrue(os.path.exists(os.path.join(self.a.run_dir, "cni.sock")))
         self.assert_fresh_traffic_flows()
 
     def test_a_reinstall_that_recreates_the_maps_is_followed_by_the_running_proxy(self):

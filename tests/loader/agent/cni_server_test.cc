@@ -53,9 +53,9 @@ TEST(CniEventServer, AnswersTheEventThePluginSends) {
       },
       nullptr);
   ASSERT_TRUE(server.start());
-  EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::all,
-            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write |
-                std::filesystem::perms::owner_exec)
+  using std::filesystem::perms;
+  EXPECT_EQ(std::filesystem::status(path).permissions() & (perms::group_all | perms::others_all),
+            perms::none)
       << "only root may send pod events";
   auto call = cni::call_agent(path, sample(), 2000);
   ASSERT_EQ(call.status, cni::CallStatus::kAnswered) << call.error;
@@ -145,6 +145,39 @@ TEST(CniEventServer, AMalformedEventGetsAnAnswerNotACrash) {
   ASSERT_TRUE(reply) << error;
   EXPECT_EQ(reply->outcome, cni::Outcome::kFailed);
   EXPECT_NE(reply->message.find("containerId"), std::string::npos) << reply->message;
+}
+
+TEST(CniEventServer, ASecondAgentDoesNotTakeTheSocketOver) {
+  std::string path = socket_path("second");
+  auto answer = [](const char* who) {
+    return [who](const cni::PodEvent&) { return cni::AgentReply{cni::Outcome::kSkipped, who}; };
+  };
+  CniEventServer first(path, answer("first"), nullptr);
+  ASSERT_TRUE(first.start());
+  CniEventServer second(path, answer("second"), nullptr);
+  auto started = second.start();
+  ASSERT_FALSE(started) << "a second agent must not steal the plugin's socket";
+  EXPECT_EQ(started.error().code, EADDRINUSE);
+  EXPECT_NE(started.error().message.find("another process serves CNI events"), std::string::npos)
+      << started.error().message;
+  auto call = cni::call_agent(path, sample(), 2000);
+  ASSERT_EQ(call.status, cni::CallStatus::kAnswered) << call.error;
+  EXPECT_EQ(call.reply.message, "first") << "the plugin still reaches the agent that was there";
+
+  first.stop();
+  EXPECT_FALSE(std::filesystem::exists(path)) << "a stopping agent removes its own socket";
+
+  // An agent whose file was replaced under it (removed, and a newer agent bound the path) leaves
+  // the newer agent's socket alone when it stops.
+  CniEventServer old(path, answer("old"), nullptr);
+  ASSERT_TRUE(old.start());
+  std::filesystem::remove(path);
+  CniEventServer newest(path, answer("newest"), nullptr);
+  ASSERT_TRUE(newest.start());
+  old.stop();
+  auto after = cni::call_agent(path, sample(), 2000);
+  ASSERT_EQ(after.status, cni::CallStatus::kAnswered) << after.error;
+  EXPECT_EQ(after.reply.message, "newest") << "the old agent's exit removed the newest's socket";
 }
 
 TEST(PodEvent, RoundTripsAndRefusesOtherVersions) {
