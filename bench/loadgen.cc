@@ -4,7 +4,9 @@
 //                    [--transparent yes] [--mark N] [--register PIN_ROOT,POD_IP]
 //                    (in the proxy's place: bench/capture.py --hop-only)
 //   sockmesh-loadgen relay --listen IP:PORT --to IP:PORT [--max-seconds S]
-//                    (the benchmark's floor: the least a user-space relay hop can do, see below)
+//                    [--tls-listen CERT,KEY,CA | --tls-to CERT,KEY,CA]
+//                    (the benchmark's floor: the least a user-space relay hop can do, with or
+//                    without mTLS on one side, see below)
 //   sockmesh-loadgen client --mode throughput|pingpong|hold --target IP:PORT
 //                    [--via tcp|socks5|http --proxy IP:PORT] [--bind IP]
 //                    [--bytes N --streams K] [--size B --iters M --warmup W]
@@ -26,6 +28,9 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <fcntl.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <pthread.h>
@@ -303,8 +308,181 @@ int run_server(const Addr& listen_addr, double max_seconds, double io_timeout,
 // only the system calls that any proxy between two TCP connections must make per message. The
 // benchmark runs two of them in place of nodes A and B, so that a target can be set against what
 // the machine allows before TLS and HTTP/2 cost anything.
+//
+// With --tls-listen or --tls-to, one side of the relay speaks mutual TLS 1.3 (AES-128-GCM, as
+// the proxy prefers): a pair of such relays is the floor with TLS and without HTTP/2. TLS is done
+// as cheaply as OpenSSL allows: one recv() takes many records (read-ahead into a 256 KiB buffer),
+// SSL_read drains everything decrypted before the plaintext goes on in one send(), and the records
+// of one SSL_write are gathered in memory and sent with one send().
 
-int run_relay(const Addr& listen_addr, const Addr& to, double max_seconds, double io_timeout) {
+struct RelayTls {
+  enum class Side { kNone, kListen, kTo };
+  Side side = Side::kNone;
+  std::string cert, key, ca;
+};
+
+[[noreturn]] void tls_fail(const std::string& what) {
+  unsigned long e = ERR_get_error();
+  char text[256] = "no OpenSSL error";
+  if (e != 0) ERR_error_string_n(e, text, sizeof text);
+  errno = 0;
+  fail(what + ": " + text);
+}
+
+using SslCtx = std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)>;
+
+SslCtx relay_tls_context(const RelayTls& t) {
+  bool server = t.side == RelayTls::Side::kListen;
+  SslCtx ctx(SSL_CTX_new(server ? TLS_server_method() : TLS_client_method()), &SSL_CTX_free);
+  if (!ctx) tls_fail("SSL_CTX_new");
+  SSL_CTX_set_min_proto_version(ctx.get(), TLS1_3_VERSION);
+  SSL_CTX_set_ciphersuites(ctx.get(), "TLS_AES_128_GCM_SHA256");
+  SSL_CTX_set_options(ctx.get(), SSL_OP_NO_TICKET);
+  if (SSL_CTX_use_certificate_chain_file(ctx.get(), t.cert.c_str()) != 1 ||
+      SSL_CTX_use_PrivateKey_file(ctx.get(), t.key.c_str(), SSL_FILETYPE_PEM) != 1 ||
+      SSL_CTX_load_verify_locations(ctx.get(), t.ca.c_str(), nullptr) != 1) {
+    tls_fail("loading " + t.cert + ", " + t.key + " and " + t.ca);
+  }
+  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER | (server ? SSL_VERIFY_FAIL_IF_NO_PEER_CERT : 0),
+                     nullptr);
+  SSL_CTX_set_default_read_buffer_len(ctx.get(), kChunk);
+  return ctx;
+}
+
+// One socket of a relayed connection: its partner, and its TLS state when it speaks TLS.
+struct Hop {
+  int partner = -1;
+  SSL* ssl = nullptr;         // owns its BIOs
+  std::vector<uint8_t> out;   // records written by SSL_write, not yet sent
+  ~Hop() {
+    if (ssl != nullptr) SSL_free(ssl);
+  }
+};
+
+// A write-only BIO that appends to a Hop's `out`.
+BIO_METHOD* gather_bio_method() {
+  static BIO_METHOD* method = [] {
+    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "relay-gather");
+    BIO_meth_set_write_ex(m, [](BIO* b, const char* data, size_t len, size_t* written) {
+      auto* out = static_cast<std::vector<uint8_t>*>(BIO_get_data(b));
+      // uint8_t pointers, not char: vector's insert then copies with memmove, not byte by byte.
+      const auto* bytes = reinterpret_cast<const uint8_t*>(data);
+      out->insert(out->end(), bytes, bytes + len);
+      *written = len;
+      return 1;
+    });
+    BIO_meth_set_ctrl(m, [](BIO*, int cmd, long, void*) -> long {
+      return cmd == BIO_CTRL_FLUSH ? 1 : 0;
+    });
+    BIO_meth_set_create(m, [](BIO* b) {
+      BIO_set_init(b, 1);
+      return 1;
+    });
+    return m;
+  }();
+  return method;
+}
+
+// Sends on a non-blocking socket, waiting for room for up to timeout seconds at a time.
+void send_all_waiting(int fd, const uint8_t* p, size_t len, double timeout) {
+  while (len > 0) {
+    ssize_t n = ::send(fd, p, len, MSG_NOSIGNAL);
+    if (n > 0) {
+      p += n;
+      len -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd pf{fd, POLLOUT, 0};
+      if (::poll(&pf, 1, static_cast<int>(timeout * 1000)) <= 0) {
+        errno = ETIMEDOUT;
+        fail("send");
+      }
+      continue;
+    }
+    fail("send");
+  }
+}
+
+void flush_tls(int fd, Hop& hop, double timeout) {
+  if (hop.out.empty()) return;
+  send_all_waiting(fd, hop.out.data(), hop.out.size(), timeout);
+  hop.out.clear();
+}
+
+// Makes fd a TLS hop (non-blocking from here on) and completes the handshake.
+void start_tls(SSL_CTX* ctx, int fd, Hop& hop, bool server, double timeout) {
+  hop.ssl = SSL_new(ctx);
+  if (hop.ssl == nullptr) tls_fail("SSL_new");
+  BIO* rbio = BIO_new_socket(fd, BIO_NOCLOSE);
+  BIO* wbio = BIO_new(gather_bio_method());
+  BIO_set_data(wbio, &hop.out);
+  SSL_set_bio(hop.ssl, rbio, wbio);
+  SSL_set_read_ahead(hop.ssl, 1);
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  if (server) {
+    SSL_set_accept_state(hop.ssl);
+  } else {
+    SSL_set_connect_state(hop.ssl);
+  }
+  auto deadline = Clock::now() + std::chrono::duration<double>(timeout);
+  for (;;) {
+    ERR_clear_error();
+    int rv = SSL_do_handshake(hop.ssl);
+    flush_tls(fd, hop, timeout);
+    if (rv == 1) return;
+    if (SSL_get_error(hop.ssl, rv) != SSL_ERROR_WANT_READ) tls_fail("TLS handshake");
+    if (Clock::now() > deadline) tls_fail("TLS handshake timed out");
+    pollfd pf{fd, POLLIN, 0};
+    ::poll(&pf, 1, 100);
+  }
+}
+
+// Bytes read from one hop go to the other: over TLS (all records in one send) or plain.
+void relay_send(int fd, Hop& hop, const uint8_t* data, size_t len, double timeout) {
+  if (hop.ssl == nullptr) {
+    write_all(fd, data, len);
+    return;
+  }
+  size_t written = 0;
+  if (SSL_write_ex(hop.ssl, data, len, &written) != 1 || written != len) tls_fail("SSL_write");
+  flush_tls(fd, hop, timeout);
+}
+
+// Reads what fd has (all of it, for TLS) and passes it on. False when the connection is over.
+bool relay_readable(int fd, Hop& hop, Hop& to, uint8_t* buf, size_t cap, double timeout) {
+  if (hop.ssl == nullptr) {
+    ssize_t got = ::recv(fd, buf, cap, 0);
+    if (got <= 0) return false;
+    relay_send(hop.partner, to, buf, static_cast<size_t>(got), timeout);
+    return true;
+  }
+  for (;;) {
+    size_t total = 0;
+    bool open = true;
+    ERR_clear_error();
+    while (total < cap) {
+      size_t n = 0;
+      int rv = SSL_read_ex(hop.ssl, buf + total, cap - total, &n);
+      if (rv == 1) {
+        total += n;
+        continue;
+      }
+      open = SSL_get_error(hop.ssl, rv) == SSL_ERROR_WANT_READ;
+      break;
+    }
+    flush_tls(fd, hop, timeout);  // a KeyUpdate answer, if the peer asked for one
+    if (total > 0) relay_send(hop.partner, to, buf, total, timeout);
+    if (!open) return false;
+    if (total < cap) return true;  // drained: OpenSSL wants the socket again
+  }
+}
+
+int run_relay(const Addr& listen_addr, const Addr& to, double max_seconds, double io_timeout,
+              const RelayTls& tls) {
+  SslCtx ctx(nullptr, &SSL_CTX_free);
+  if (tls.side != RelayTls::Side::kNone) ctx = relay_tls_context(tls);
   Fd lfd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (lfd.get() < 0) fail("socket");
   int one = 1;
@@ -321,19 +499,19 @@ int run_relay(const Addr& listen_addr, const Addr& to, double max_seconds, doubl
   if (::epoll_ctl(ep.get(), EPOLL_CTL_ADD, lfd.get(), &lev) != 0) fail("epoll_ctl");
   std::printf("{\"listening\": \"%s:%u\"}\n", listen_addr.ip.c_str(), listen_addr.port);
   std::fflush(stdout);
-  std::map<int, int> partner;  // fd -> the fd its bytes go to
+  std::map<int, std::unique_ptr<Hop>> hops;
   auto drop = [&](int fd) {
-    auto it = partner.find(fd);
-    if (it == partner.end()) return;
-    int other = it->second;
+    auto it = hops.find(fd);
+    if (it == hops.end()) return;
+    int other = it->second->partner;
     for (int f : {fd, other}) {
       ::epoll_ctl(ep.get(), EPOLL_CTL_DEL, f, nullptr);
+      hops.erase(f);  // frees the TLS state before the descriptor goes
       ::close(f);
-      partner.erase(f);
     }
   };
   // Page-aligned: the kernel copies into a misaligned destination at about half the speed.
-  constexpr size_t kBuf = 256 * 1024;
+  constexpr size_t kBuf = kChunk;
   std::unique_ptr<uint8_t, decltype(&std::free)> buf(
       static_cast<uint8_t*>(std::aligned_alloc(4096, kBuf)), &std::free);
   if (!buf) fail("aligned_alloc");
@@ -356,29 +534,57 @@ int run_relay(const Addr& listen_addr, const Addr& to, double max_seconds, doubl
         set_timeouts(c, io_timeout);
         set_nodelay(c);
         set_nodelay(u);
-        partner[c] = u;
-        partner[u] = c;
+        auto hc = std::make_unique<Hop>();
+        auto hu = std::make_unique<Hop>();
+        hc->partner = u;
+        hu->partner = c;
+        try {
+          if (tls.side == RelayTls::Side::kListen) start_tls(ctx.get(), c, *hc, true, io_timeout);
+          if (tls.side == RelayTls::Side::kTo) start_tls(ctx.get(), u, *hu, false, io_timeout);
+        } catch (const Failure& e) {
+          std::fprintf(stderr, "sockmesh-loadgen relay: %s\n", e.what());
+          hc.reset();
+          hu.reset();
+          ::close(c);
+          ::close(u);
+          continue;
+        }
+        hops[c] = std::move(hc);
+        hops[u] = std::move(hu);
         for (int f : {c, u}) {
           epoll_event ev{};
           ev.events = EPOLLIN;
           ev.data.u64 = static_cast<uint64_t>(f);
           ::epoll_ctl(ep.get(), EPOLL_CTL_ADD, f, &ev);
         }
+        // Read-ahead during the handshake may have taken the peer's first records off the
+        // socket already: epoll would not report them.
+        for (int f : {c, u}) {
+          Hop& hop = *hops[f];
+          if (hop.ssl == nullptr || SSL_has_pending(hop.ssl) == 0) continue;
+          bool open = false;
+          try {
+            open = relay_readable(f, hop, *hops[hop.partner], buf.get(), kBuf, io_timeout);
+          } catch (const Failure&) {
+            open = false;
+          }
+          if (!open) drop(f);
+          break;
+        }
         continue;
       }
       int fd = static_cast<int>(events[i].data.u64);
-      auto it = partner.find(fd);
-      if (it == partner.end()) continue;
-      ssize_t got = ::recv(fd, buf.get(), kBuf, 0);
-      if (got <= 0) {
-        drop(fd);
-        continue;
-      }
+      auto it = hops.find(fd);
+      if (it == hops.end()) continue;
+      auto other = hops.find(it->second->partner);
+      if (other == hops.end()) continue;
+      bool open = false;
       try {
-        write_all(it->second, buf.get(), static_cast<size_t>(got));
+        open = relay_readable(fd, *it->second, *other->second, buf.get(), kBuf, io_timeout);
       } catch (const Failure&) {
-        drop(fd);
+        open = false;
       }
+      if (!open) drop(fd);
     }
   }
   return 0;
@@ -626,6 +832,7 @@ void usage() {
                "usage: sockmesh-loadgen server --listen IP:PORT [--max-seconds S] [--timeout S]\n"
                "           [--transparent yes] [--mark N] [--register PIN_ROOT,POD_IP]\n"
                "       sockmesh-loadgen relay --listen IP:PORT --to IP:PORT [--max-seconds S]\n"
+               "           [--tls-listen CERT,KEY,CA | --tls-to CERT,KEY,CA]\n"
                "       sockmesh-loadgen client --mode throughput|pingpong|hold --target IP:PORT\n"
                "           [--via tcp|socks5|http --proxy IP:PORT] [--bind IP] [--timeout S]\n"
                "           throughput: [--bytes N[K|M|G]] [--streams K]\n"
@@ -694,8 +901,24 @@ int main(int argc, char** argv) {
     }
     if (role == "relay") {
       if (!flags.count("listen") || !flags.count("to")) throw Failure("relay needs --listen and --to");
+      RelayTls tls;
+      if (flags.count("tls-listen") || flags.count("tls-to")) {
+        if (flags.count("tls-listen") && flags.count("tls-to")) {
+          throw Failure("relay: --tls-listen or --tls-to, not both");
+        }
+        tls.side = flags.count("tls-listen") ? RelayTls::Side::kListen : RelayTls::Side::kTo;
+        // CERT,KEY,CA
+        std::string files = flags.count("tls-listen") ? flags["tls-listen"] : flags["tls-to"];
+        auto c1 = files.find(',');
+        auto c2 = c1 == std::string::npos ? c1 : files.find(',', c1 + 1);
+        if (c2 == std::string::npos) throw Failure("relay: --tls-listen/--tls-to CERT,KEY,CA");
+        tls.cert = files.substr(0, c1);
+        tls.key = files.substr(c1 + 1, c2 - c1 - 1);
+        tls.ca = files.substr(c2 + 1);
+      }
       return run_relay(parse_addr(flags["listen"]), parse_addr(flags["to"]),
-                       std::stod(get("max-seconds", "1800")), std::stod(get("timeout", "300")));
+                       std::stod(get("max-seconds", "1800")), std::stod(get("timeout", "300")),
+                       tls);
     }
     if (role != "client") {
       usage();

@@ -8,11 +8,13 @@ Measures, in one run and on loopback addresses only:
   (c2) stunnel pair (off the shelf)   client -> stunnel client =mTLS 1.3=> stunnel server -> server
   (r) socat relays (reference)        client -> socat -> socat -> server, no TLS
   (f) floor relays (reference)        client -> loadgen relay -> loadgen relay -> server, no TLS
+  (t) TLS floor relays (reference)    client -> loadgen relay =mTLS 1.3=> loadgen relay -> server
 for: one 1 GiB stream, 8 parallel streams (aggregate), 1 KiB request/response round trips (p50,
 p99); plus the sockmesh proxies' RSS idle and per 1,000 open tunnelled connections. Prints a
 Markdown table and writes it to bench/results/latest.md.
 
-Load comes from build/bench/sockmesh-loadgen (bench/loadgen.cc). Standard library only.
+Load comes from build/bench/sockmesh-loadgen (bench/loadgen.cc): the C++ standard library, and
+OpenSSL for the TLS floor.
 """
 import argparse
 import datetime
@@ -24,6 +26,7 @@ import select
 import shutil
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -55,6 +58,8 @@ H2_STREAM_WINDOW = 4 * MiB
 H2_CONNECTION_WINDOW = 16 * MiB
 # One AEAD everywhere: sockmesh prefers AES-128-GCM; the peers are told to use it too.
 TLS13_CIPHER = "TLS_AES_128_GCM_SHA256"
+# Rows that are not targets: socat relays, the floor relays, the floor relays with TLS.
+REFERENCE_KEYS = ("relays", "floor", "tlsfloor")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -381,6 +386,24 @@ class Bench:
         return Path("floor", "(f) floor: 2 minimal relays (epoll, recv → send, no TLS)", "tcp",
                     None, "%s:17011" % ip["relay1"], ip["client"], pids=[r1.pid, r2.pid])
 
+    def start_tls_floor_relays(self, pki):
+        """The floor relays with mutual TLS 1.3 between them (relay 1 the client, relay 2 the
+        server): the floor that TLS alone, without HTTP/2, stands on here."""
+        ip = self.ip
+        r2 = self.procs.start("tls-floor-relay2", [
+            self.loadgen_bin, "relay", "--listen", "%s:17022" % ip["relay2"], "--to", self.target,
+            "--tls-listen", "%s,%s,%s" % (pki["server_cert"], pki["server_key"], pki["ca"]),
+            "--max-seconds", str(self.o.max_seconds)])
+        r1 = self.procs.start("tls-floor-relay1", [
+            self.loadgen_bin, "relay", "--listen", "%s:17021" % ip["relay1"], "--to",
+            "%s:17022" % ip["relay2"],
+            "--tls-to", "%s,%s,%s" % (pki["client_cert"], pki["client_key"], pki["ca"]),
+            "--max-seconds", str(self.o.max_seconds)])
+        wait_until(lambda: port_open(ip["relay2"], 17022), 10, "TLS floor relay 2")
+        wait_until(lambda: port_open(ip["relay1"], 17021), 10, "TLS floor relay 1")
+        return Path("tlsfloor", "(t) TLS floor: 2 minimal relays, mTLS 1.3 between them, no HTTP/2",
+                    "tcp", None, "%s:17021" % ip["relay1"], ip["client"], pids=[r1.pid, r2.pid])
+
     # -- load -----------------------------------------------------------------------------
 
     def loadgen(self, args, timeout):
@@ -464,6 +487,7 @@ class Bench:
         if o.reference:
             self.paths.append(self.start_socat_relays())
             self.paths.append(self.start_floor_relays())
+            self.paths.append(self.start_tls_floor_relays(pki))
 
         rss, opened = {}, {}
         for path, a, b in self.meshes:
@@ -571,7 +595,7 @@ class Bench:
             L.append("| single-stream %s ≥ %d%% of direct TCP | %s | %s |" % (
                 who, TARGET_SINGLE_VS_DIRECT * 100, pct(r), yes(r >= TARGET_SINGLE_VS_DIRECT)))
             for p in self.paths:
-                if p.key in ("direct", "sockmesh", "relays", "floor", "candidate"):
+                if p.key in REFERENCE_KEYS + ("direct", "sockmesh", "candidate"):
                     continue
                 x = s[p.key]
                 for what, field in (("single-stream", "single"),
@@ -585,13 +609,16 @@ class Bench:
                     who, TARGET_RTT_VS_OFFSHELF, p.key, x["p50"], times(ratio),
                     yes(ratio < TARGET_RTT_VS_OFFSHELF)))
         if "floor" in s and "sockmesh" in s:
-            # The two ratio targets, set against what relays with no TLS and no HTTP/2 reach in
-            # the same run: a target the floor row misses cannot be met by adding work to it.
+            # The two ratio targets, set against what relays with no HTTP/2 (and, but for (t), no
+            # TLS) reach in the same run: a target a floor row misses cannot be met by adding
+            # work to it.
             L.append("")
-            L.append("The same ratios for the reference rows, which do no TLS and no HTTP/2:")
+            L.append("The same ratios for the reference rows, which do no HTTP/2, and no TLS but "
+                     "for the TLS floor:")
             L.append("")
-            refs = [k for k in ("relays", "floor") if k in s]
-            labels = {"relays": "socat relays", "floor": "floor relays"}
+            refs = [k for k in REFERENCE_KEYS if k in s]
+            labels = {"relays": "socat relays", "floor": "floor relays",
+                      "tlsfloor": "TLS floor relays"}
             L.append("| measure | target | sockmesh | %s |" % " | ".join(labels[k] for k in refs))
             L.append("|---|---:|---:|%s" % ("---:|" * len(refs)))
             L.append("| 1 stream vs direct TCP | ≥ %d%% | %s | %s |" % (
@@ -622,10 +649,14 @@ class Bench:
                      o.offshelf_workers))
         if o.reference:
             L.append("The reference rows are not targets: they show what two user-space relay "
-                     "hops cost on this machine without TLS or HTTP/2. (r) is socat (128 KiB "
+                     "hops cost on this machine without HTTP/2. (r) is socat (128 KiB "
                      "buffers, one process per connection); (f) is `sockmesh-loadgen relay`, "
                      "which makes only the system calls every relay must (epoll_wait, one recv, "
-                     "one send per message), so it is the floor for any proxy pair here.")
+                     "one send per message), so it is the floor for any proxy pair here. (t) is "
+                     "the same relays with mutual TLS 1.3 (%s, OpenSSL %s) between them: one recv "
+                     "takes many records, and the records of one write leave in one send. It is "
+                     "the floor for any pair that does TLS in user space with this OpenSSL, "
+                     "before HTTP/2 costs anything." % (TLS13_CIPHER, ssl.OPENSSL_VERSION.split()[1]))
         if self.bpf_seen:
             L.append("**Warning:** BPF programs were attached to cgroups during the run (%s); "
                      "they can redirect or slow loopback TCP, so these figures may not be "
@@ -678,7 +709,8 @@ def parse_args(argv):
                     help="comma list of off-the-shelf paths: nghttpx, stunnel (or empty)")
     ap.add_argument("--offshelf-workers", type=int, default=2, help="nghttpx --workers")
     ap.add_argument("--no-reference", dest="reference", action="store_false",
-                    help="skip the reference rows (two socat relays; two minimal loadgen relays)")
+                    help="skip the reference rows (two socat relays; two minimal loadgen relays, "
+                         "without and with TLS)")
     ap.add_argument("--candidate-build", default="",
                     help="also run the sockmesh-proxy of this build dir as row (b′), same run")
     ap.add_argument("--keep-tmp", action="store_true", help="keep configs and logs")
