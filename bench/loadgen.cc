@@ -7,10 +7,10 @@
 //                    [--tls-listen CERT,KEY,CA | --tls-to CERT,KEY,CA]
 //                    (the benchmark's floor: the least a user-space relay hop can do, with or
 //                    without mTLS on one side, see below)
-//   sockmesh-loadgen client --mode throughput|pingpong|hold --target IP:PORT
+//   sockmesh-loadgen client --mode throughput|pingpong|hold|churn --target IP:PORT
 //                    [--via tcp|socks5|http --proxy IP:PORT] [--bind IP]
 //                    [--bytes N --streams K] [--size B --iters M --warmup W]
-//                    [--conns C] [--timeout S]
+//                    [--conns C] [--seconds S] [--timeout S]
 //   --netns-only yes (either role): also accept non-loopback addresses, but only when the process
 //                    runs in a network namespace other than the initial one (PID 1's, or when
 //                    that is unreadable, the parent process's), so that
@@ -607,6 +607,7 @@ struct ClientOptions {
   int conns = 1000;
   double timeout = 60;
   double hold_seconds = 120;
+  double seconds = 20;  // churn: the time bound, beside --conns
 };
 
 // Opens a connection to the target: directly, or through a SOCKS5 or HTTP/1 CONNECT proxy.
@@ -618,6 +619,10 @@ Fd open_tunnel(const ClientOptions& o) {
   if (!o.bind_ip.empty()) {
     Addr b{o.bind_ip, 0};
     sockaddr_in bsa = b.sa();
+    // The port is picked at connect(), by the whole 4-tuple: bind() alone would need a port no
+    // other socket holds, and many short tunnels leave tens of thousands in TIME_WAIT.
+    int one = 1;
+    setsockopt(fd.get(), SOL_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
     if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&bsa), sizeof bsa) != 0) fail("bind " + o.bind_ip);
   }
   const Addr& first = (o.via == "tcp") ? o.target : *o.proxy;
@@ -790,6 +795,57 @@ int run_pingpong(const ClientOptions& o) {
 
 // Opens --conns tunnels, checks each reaches the server, prints a line, then holds them until
 // stdin has a line or closes (or --hold-seconds pass).
+// Churn: --streams workers open tunnels one after another, each for one echo of --size bytes,
+// until --conns tunnels have been tried or --seconds have passed. A failed tunnel is counted and
+// the worker goes on, so that a soak reports how many failed rather than stopping at the first.
+int run_churn(const ClientOptions& o) {
+  if (o.size == 0 || o.size > kMaxMessage) {
+    errno = 0;
+    fail("bad --size");
+  }
+  std::atomic<int> started{0};
+  std::atomic<uint64_t> ok{0}, failed{0};
+  std::mutex mu;
+  std::string first_error;
+  auto t0 = Clock::now();
+  auto deadline = t0 + std::chrono::duration<double>(o.seconds);
+  auto worker = [&] {
+    std::vector<uint8_t> out(o.size, 'c'), in(o.size);
+    while (Clock::now() < deadline && started.fetch_add(1) < o.conns) {
+      try {
+        Fd fd = open_tunnel(o);
+        send_header(fd.get(), kOpEcho, o.size);
+        out[0] = static_cast<uint8_t>(ok.load());
+        write_all(fd.get(), out.data(), out.size());
+        if (!read_exact(fd.get(), in.data(), in.size()) || in != out) {
+          errno = 0;
+          fail("echo closed or differs");
+        }
+        ok.fetch_add(1);
+      } catch (const Failure& e) {
+        failed.fetch_add(1);
+        std::lock_guard lock(mu);
+        if (first_error.empty()) first_error = e.what();
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int i = 0; i < std::max(1, o.streams); ++i) threads.emplace_back(worker);
+  for (auto& t : threads) t.join();
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::string err;
+  for (char c : first_error) {
+    if (c == '"' || c == '\\') err += '\\';
+    err += c;
+  }
+  std::printf("{\"mode\": \"churn\", \"conns\": %llu, \"failures\": %llu, \"seconds\": %.3f, "
+              "\"conns_per_s\": %.1f, \"first_error\": \"%s\"}\n",
+              static_cast<unsigned long long>(ok.load()),
+              static_cast<unsigned long long>(failed.load()), secs,
+              static_cast<double>(ok.load()) / secs, err.c_str());
+  return 0;  // failures are in the report: a soak counts them instead of stopping
+}
+
 int run_hold(const ClientOptions& o) {
   std::vector<Fd> fds;
   fds.reserve(o.conns);
@@ -833,11 +889,12 @@ void usage() {
                "           [--transparent yes] [--mark N] [--register PIN_ROOT,POD_IP]\n"
                "       sockmesh-loadgen relay --listen IP:PORT --to IP:PORT [--max-seconds S]\n"
                "           [--tls-listen CERT,KEY,CA | --tls-to CERT,KEY,CA]\n"
-               "       sockmesh-loadgen client --mode throughput|pingpong|hold --target IP:PORT\n"
+               "       sockmesh-loadgen client --mode throughput|pingpong|hold|churn --target IP:PORT\n"
                "           [--via tcp|socks5|http --proxy IP:PORT] [--bind IP] [--timeout S]\n"
                "           throughput: [--bytes N[K|M|G]] [--streams K]\n"
                "           pingpong:   [--size B] [--iters M] [--warmup W]\n"
                "           hold:       [--conns C] [--hold-seconds S]\n"
+               "           churn:      [--conns C] [--streams K] [--size B] [--seconds S]\n"
                "       --netns-only yes: non-loopback addresses too, only outside the initial netns\n");
 }
 
@@ -939,9 +996,11 @@ int main(int argc, char** argv) {
     o.conns = std::stoi(get("conns", "1000"));
     o.timeout = std::stod(get("timeout", "120"));
     o.hold_seconds = std::stod(get("hold-seconds", "120"));
+    o.seconds = std::stod(get("seconds", "20"));
     if (o.mode == "throughput") return run_throughput(o);
     if (o.mode == "pingpong") return run_pingpong(o);
     if (o.mode == "hold") return run_hold(o);
+    if (o.mode == "churn") return run_churn(o);
     usage();
     return 2;
   } catch (const std::exception& e) {
