@@ -5,8 +5,11 @@ Many short tunnels through the proxy pair of the benchmark (client -SOCKS5-> nod
 node B -> server, on loopback), in rounds. Each round: --conns-per-round tunnels, each opened,
 used for one 1 KiB echo and closed, from 8 workers (`sockmesh-loadgen client --mode churn`); then
 one 128 MiB transfer and 500 round trips on one tunnel, so that the bulk buffers are used too.
-After each round the proxies sit idle for a few seconds and are read: RSS, open descriptors,
-threads, and the connections their metrics count as opened but not closed.
+While a round's tunnels run, the config file is rewritten every couple of seconds, an Allow
+policy added and taken away again (both states allow the traffic), so that the proxies reload and
+re-check their live connections under load. After each round the proxies sit idle for a few
+seconds and are read: RSS, open descriptors, threads, and the connections their metrics count as
+opened but not closed.
 
 What it shows: leaks. Descriptors or connections still open once the traffic has stopped, or
 memory that grows round after round, would each be a bug; the verdict lines at the end say
@@ -16,8 +19,10 @@ writes it to bench/results/soak.md.
 """
 import argparse
 import datetime
+import json
 import os
 import sys
+import threading
 import time
 import urllib.request
 
@@ -59,6 +64,65 @@ def open_connections(admin_ip):
     return int(opened - closed), int(opened)
 
 
+# Added to and removed from the config while tunnels run: it matches the client's namespace, so the
+# traffic is allowed either way, and each change makes both proxies re-check live connections.
+SOAK_POLICY = """policies:
+- name: soak-allow
+  namespace: bench
+  scope: Namespace
+  action: Allow
+  rules: [[[{namespaces: ["bench"]}]]]
+"""
+
+
+def policy_names(admin_ip):
+    with urllib.request.urlopen("http://%s:15000/config_dump" % admin_ip, timeout=5) as r:
+        return [p["name"] for p in json.loads(r.read().decode()).get("policies", [])]
+
+
+class ConfigToggler(threading.Thread):
+    """Rewrites the proxies' config file (atomically) every interval while a round runs, and
+    waits after each write until both proxies show it: applied/written count the reloads."""
+
+    def __init__(self, path, base, admins, interval=1.5, apply_timeout=5.0):
+        super().__init__(daemon=True)
+        self.path, self.base, self.admins = path, base, admins
+        self.interval, self.apply_timeout = interval, apply_timeout
+        self.stop_event = threading.Event()
+        self.with_policy = False
+        self.written = self.applied = 0
+        self.error = None
+
+    def write(self, with_policy):
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(self.base + (SOAK_POLICY if with_policy else ""))
+        os.replace(tmp, self.path)
+
+    def run(self):
+        try:
+            while not self.stop_event.wait(self.interval):
+                self.with_policy = not self.with_policy
+                self.write(self.with_policy)
+                self.written += 1
+                deadline = time.time() + self.apply_timeout
+                while time.time() < deadline:
+                    seen = [("soak-allow" in policy_names(a)) == self.with_policy
+                            for a in self.admins]
+                    if all(seen):
+                        self.applied += 1
+                        break
+                    time.sleep(0.1)
+        except Exception as e:  # noqa: BLE001 - reported in the table
+            self.error = repr(e)
+
+    def finish(self):
+        self.stop_event.set()
+        self.join(30)
+        if self.with_policy:  # leave the config as it started
+            self.write(False)
+
+
 class Soak:
     def __init__(self, o):
         self.o = o
@@ -85,14 +149,24 @@ class Soak:
         baseline = self.sample(nodes)
         rounds = []
         total = failures = 0
-        first_error = ""
+        reloads_written = reloads_applied = 0
+        first_error = reload_error = ""
         for i in range(o.rounds):
             log("round %d/%d: %d tunnels (at most %d s), then 128 MiB and 500 round trips" % (
                 i + 1, o.rounds, o.conns_per_round, o.round_seconds))
-            churn = b.loadgen(["--mode", "churn", "--conns", str(o.conns_per_round),
-                               "--streams", "8", "--size", "1024",
-                               "--seconds", str(o.round_seconds)] + path.args(),
-                              o.round_seconds + 60)
+            toggler = ConfigToggler(os.path.join(b.tmp, "mesh.yaml"), b.sockmesh_config(),
+                                    [b.ip["admin_a"], b.ip["admin_b"]])
+            toggler.start()
+            try:
+                churn = b.loadgen(["--mode", "churn", "--conns", str(o.conns_per_round),
+                                   "--streams", "8", "--size", "1024",
+                                   "--seconds", str(o.round_seconds)] + path.args(),
+                                  o.round_seconds + 60)
+            finally:
+                toggler.finish()
+            reloads_written += toggler.written
+            reloads_applied += toggler.applied
+            reload_error = reload_error or toggler.error
             b.throughput(path, 128 * MiB, 1)
             b.pingpong(path, 500, 50)
             for name, (proc, _) in nodes.items():
@@ -102,9 +176,10 @@ class Soak:
             first_error = first_error or churn["first_error"]
             time.sleep(SETTLE_SECONDS)
             rounds.append({"churn": churn, "total": total, "nodes": self.sample(nodes)})
-        return self.report(baseline, rounds, total, failures, first_error)
+        return self.report(baseline, rounds, total, failures, first_error,
+                           (reloads_written, reloads_applied, reload_error))
 
-    def report(self, baseline, rounds, total, failures, first_error):
+    def report(self, baseline, rounds, total, failures, first_error, reloads):
         o = self.o
         L = ["# sockmesh soak", ""]
         L.append("%s · %d CPUs · %d rounds × up to %d tunnels (1 KiB echo each, 8 workers) + "
@@ -135,6 +210,10 @@ class Soak:
         L.append("| every tunnel worked | %d of %d failed%s | %s |" % (
             failures, total + failures, " (first: %s)" % first_error if first_error else "",
             yes(failures == 0)))
+        written, applied, reload_error = reloads
+        L.append("| config changes under load reached both proxies (within 5 s each) | %d of %d%s "
+                 "| %s |" % (applied, written, " (%s)" % reload_error if reload_error else "",
+                            yes(written > 0 and applied == written and not reload_error)))
         open_after = max(r["nodes"][k]["open"] for r in rounds for k in ("A", "B"))
         L.append("| no connection counted open after a round | at most %d | %s |" % (
             open_after, yes(open_after == 0)))
@@ -148,7 +227,8 @@ class Soak:
         L.append("Opened per node in all: A %d, B %d connections (the metrics' "
                  "istio_tcp_connections_opened_total)." % (last["A"]["opened"], last["B"]["opened"]))
         text = "\n".join(L) + "\n"
-        return text, {"baseline": baseline, "rounds": rounds}
+        return text, {"baseline": baseline, "rounds": rounds,
+                      "reloads": {"written": written, "applied": applied}}
 
     def cleanup(self):
         self.bench.cleanup()
