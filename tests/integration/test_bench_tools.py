@@ -1,0 +1,120 @@
+#!/usr/bin/python3
+"""The benchmark's own tools, which its verdicts rest on: sockmesh-loadgen's TLS floor relays
+(mutual TLS 1.3 between two relays) must carry bytes intact and refuse a peer from another CA, and
+its churn mode must count failed tunnels rather than stop at the first. Real processes on
+loopback; certificates from the openssl command line, as bench/run.py makes them."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+from harness import BUILD_DIR, TempDir, address_block, wait_until  # noqa: E402
+from run import make_pki  # noqa: E402  (bench/run.py: a CA, a server and a client certificate)
+
+LOADGEN = os.path.join(BUILD_DIR, "bench", "sockmesh-loadgen")
+
+
+def port_open(ip, port):
+    try:
+        with socket.create_connection((ip, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+class BenchTools(unittest.TestCase):
+    def setUp(self):
+        self.tmp = TempDir()
+        self.addCleanup(self.tmp.cleanup)
+        self.block = address_block()
+        self.ip = lambda n: "%s.%d" % (self.block, n)
+        self.procs = []
+        self.addCleanup(self.stop_all)
+        self.server = "%s:8080" % self.ip(20)
+        self.start("server", [LOADGEN, "server", "--listen", self.server, "--max-seconds", "120"])
+        wait_until(lambda: port_open(self.ip(20), 8080), what="loadgen server")
+
+    def stop_all(self):
+        for p, _ in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+
+    def start(self, name, argv):
+        log = open(os.path.join(self.tmp.path, name + ".log"), "wb")
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL)
+        log.close()
+        self.procs.append((p, name))
+        return p
+
+    def log_of(self, name):
+        with open(os.path.join(self.tmp.path, name + ".log"), errors="replace") as f:
+            return f.read()
+
+    def client(self, *args, target=None):
+        argv = [LOADGEN, "client", "--via", "tcp", "--target", target or "%s:17021" % self.ip(45),
+                "--bind", self.ip(10), "--timeout", "20"] + list(args)
+        r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        lines = r.stdout.decode().strip().splitlines()
+        return r.returncode, (json.loads(lines[-1]) if lines else None), r.stderr.decode()
+
+    def tls_relays(self, client_pki, server_pki):
+        self.start("relay2", [LOADGEN, "relay", "--listen", "%s:17022" % self.ip(46),
+                              "--to", self.server, "--max-seconds", "120", "--tls-listen",
+                              "%s,%s,%s" % (server_pki["server_cert"], server_pki["server_key"],
+                                            server_pki["ca"])])
+        self.start("relay1", [LOADGEN, "relay", "--listen", "%s:17021" % self.ip(45),
+                              "--to", "%s:17022" % self.ip(46), "--max-seconds", "120",
+                              "--tls-to", "%s,%s,%s" % (client_pki["client_cert"],
+                                                        client_pki["client_key"],
+                                                        client_pki["ca"])])
+        wait_until(lambda: port_open(self.ip(46), 17022), what="relay 2")
+        wait_until(lambda: port_open(self.ip(45), 17021), what="relay 1")
+
+    def pki(self, name):
+        d = os.path.join(self.tmp.path, name)
+        os.makedirs(d)
+        return make_pki(d, "relay.test")
+
+    def test_tls_floor_relays_carry_bytes_intact(self):
+        pki = self.pki("mesh")
+        self.tls_relays(pki, pki)
+        rc, res, err = self.client("--mode", "throughput", "--bytes", "16M", "--streams", "2")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(res["bytes"], 16 << 20, "the sink counted every byte")
+        rc, res, err = self.client("--mode", "pingpong", "--size", "3000", "--iters", "300",
+                                   "--warmup", "10")
+        self.assertEqual(rc, 0, err)  # each echo is compared with what was sent
+        self.assertEqual(res["iters"], 300)
+        rc, res, err = self.client("--mode", "churn", "--conns", "200", "--streams", "4",
+                                   "--seconds", "30")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual((res["conns"], res["failures"]), (200, 0), res["first_error"])
+
+    def test_tls_relays_of_different_cas_do_not_connect(self):
+        self.tls_relays(self.pki("other"), self.pki("mesh"))
+        rc, res, err = self.client("--mode", "pingpong", "--iters", "5", "--warmup", "0")
+        self.assertNotEqual(rc, 0, "the echo went through a relay pair that shares no CA")
+        # relay 1 checks relay 2's certificate against a CA that did not sign it.
+        wait_until(lambda: "certificate verify failed" in self.log_of("relay1"),
+                   timeout=5, what="relay 1 to log the failed verification")
+        for name in ("relay1", "relay2"):
+            self.assertIsNone(next(p for p, n in self.procs if n == name).poll(),
+                              "%s exited on a failed handshake" % name)
+
+    def test_churn_counts_failed_tunnels_and_goes_on(self):
+        rc, res, err = self.client("--mode", "churn", "--conns", "50", "--streams", "2",
+                                   "--seconds", "20", target="%s:9" % self.ip(30))
+        self.assertEqual(rc, 0, err)
+        self.assertEqual((res["conns"], res["failures"]), (0, 50))
+        self.assertIn("connect", res["first_error"])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
