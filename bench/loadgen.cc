@@ -352,6 +352,8 @@ SslCtx relay_tls_context(const RelayTls& t) {
 // One socket of a relayed connection: its partner, and its TLS state when it speaks TLS.
 struct Hop {
   int partner = -1;
+  uint32_t generation = 0;    // in the epoll tag: an event for a closed fd whose number was reused
+                              // by a later connection is recognised as stale
   SSL* ssl = nullptr;         // owns its BIOs
   std::vector<uint8_t> out;   // records written by SSL_write, not yet sent
   ~Hop() {
@@ -412,6 +414,9 @@ void flush_tls(int fd, Hop& hop, double timeout) {
 }
 
 // Makes fd a TLS hop (non-blocking from here on) and completes the handshake.
+// A peer that never finishes its handshake holds the (single-threaded) relay this long at most.
+constexpr double kHandshakeSeconds = 5;
+
 void start_tls(SSL_CTX* ctx, int fd, Hop& hop, bool server, double timeout) {
   hop.ssl = SSL_new(ctx);
   if (hop.ssl == nullptr) tls_fail("SSL_new");
@@ -426,7 +431,7 @@ void start_tls(SSL_CTX* ctx, int fd, Hop& hop, bool server, double timeout) {
   } else {
     SSL_set_connect_state(hop.ssl);
   }
-  auto deadline = Clock::now() + std::chrono::duration<double>(timeout);
+  auto deadline = Clock::now() + std::chrono::duration<double>(std::min(timeout, kHandshakeSeconds));
   for (;;) {
     ERR_clear_error();
     int rv = SSL_do_handshake(hop.ssl);
@@ -500,6 +505,7 @@ int run_relay(const Addr& listen_addr, const Addr& to, double max_seconds, doubl
   std::printf("{\"listening\": \"%s:%u\"}\n", listen_addr.ip.c_str(), listen_addr.port);
   std::fflush(stdout);
   std::map<int, std::unique_ptr<Hop>> hops;
+  uint32_t generation = 0;
   auto drop = [&](int fd) {
     auto it = hops.find(fd);
     if (it == hops.end()) return;
@@ -538,6 +544,7 @@ int run_relay(const Addr& listen_addr, const Addr& to, double max_seconds, doubl
         auto hu = std::make_unique<Hop>();
         hc->partner = u;
         hu->partner = c;
+        hc->generation = hu->generation = ++generation;
         try {
           if (tls.side == RelayTls::Side::kListen) start_tls(ctx.get(), c, *hc, true, io_timeout);
           if (tls.side == RelayTls::Side::kTo) start_tls(ctx.get(), u, *hu, false, io_timeout);
@@ -554,7 +561,7 @@ int run_relay(const Addr& listen_addr, const Addr& to, double max_seconds, doubl
         for (int f : {c, u}) {
           epoll_event ev{};
           ev.events = EPOLLIN;
-          ev.data.u64 = static_cast<uint64_t>(f);
+          ev.data.u64 = (static_cast<uint64_t>(generation) << 32) | static_cast<uint32_t>(f);
           ::epoll_ctl(ep.get(), EPOLL_CTL_ADD, f, &ev);
         }
         // Read-ahead during the handshake may have taken the peer's first records off the
@@ -573,9 +580,9 @@ int run_relay(const Addr& listen_addr, const Addr& to, double max_seconds, doubl
         }
         continue;
       }
-      int fd = static_cast<int>(events[i].data.u64);
+      int fd = static_cast<int>(events[i].data.u64 & 0xffffffffu);
       auto it = hops.find(fd);
-      if (it == hops.end()) continue;
+      if (it == hops.end() || it->second->generation != (events[i].data.u64 >> 32)) continue;
       auto other = hops.find(it->second->partner);
       if (other == hops.end()) continue;
       bool open = false;
@@ -793,8 +800,6 @@ int run_pingpong(const ClientOptions& o) {
   return 0;
 }
 
-// Opens --conns tunnels, checks each reaches the server, prints a line, then holds them until
-// stdin has a line or closes (or --hold-seconds pass).
 // Churn: --streams workers open tunnels one after another, each for one echo of --size bytes,
 // until --conns tunnels have been tried or --seconds have passed. A failed tunnel is counted and
 // the worker goes on, so that a soak reports how many failed rather than stopping at the first.
@@ -835,6 +840,7 @@ int run_churn(const ClientOptions& o) {
   double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   std::string err;
   for (char c : first_error) {
+    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
     if (c == '"' || c == '\\') err += '\\';
     err += c;
   }
@@ -846,6 +852,8 @@ int run_churn(const ClientOptions& o) {
   return 0;  // failures are in the report: a soak counts them instead of stopping
 }
 
+// Opens --conns tunnels, checks each reaches the server, prints a line, then holds them until
+// stdin has a line or closes (or --hold-seconds pass).
 int run_hold(const ClientOptions& o) {
   std::vector<Fd> fds;
   fds.reserve(o.conns);

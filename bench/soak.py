@@ -21,6 +21,7 @@ import argparse
 import datetime
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -37,6 +38,8 @@ SETTLE_SECONDS = 5
 # Allowed RSS growth from the second round to the last, per node: the first round's growth is
 # the allocator reaching its working set; after that, growth round after round is a leak.
 RSS_GROWTH_LIMIT_MIB = 4.0
+# Socket timeout of each churned tunnel, s.
+TUNNEL_TIMEOUT = 10
 
 
 def fd_count(pid):
@@ -127,6 +130,8 @@ class Soak:
     def __init__(self, o):
         self.o = o
         ropts = run.parse_args(["--build-dir", o.build_dir, "--no-reference", "--offshelf", ""])
+        # The load server and the proxies' lifetimes cover every round, whatever its length.
+        ropts.max_seconds = max(ropts.max_seconds, o.rounds * (o.round_seconds + 120) + 600)
         self.bench = run.Bench(ropts)
 
     def sample(self, nodes):
@@ -136,6 +141,25 @@ class Soak:
             out[name] = {"rss_kib": rss_kib(proc.pid), "fds": fd_count(proc.pid),
                          "threads": thread_count(proc.pid), "open": open_now, "opened": opened}
         return out
+
+    def churn(self, path):
+        """One round's tunnels. Each tunnel's socket calls time out after TUNNEL_TIMEOUT s (a hung
+        tunnel is counted as failed), and the round stops starting tunnels after
+        --round-seconds, so the whole call ends within round_seconds + TUNNEL_TIMEOUT."""
+        o = self.o
+        cmd = [self.bench.loadgen_bin, "client", "--mode", "churn", "--conns",
+               str(o.conns_per_round), "--streams", "8", "--size", "1024",
+               "--seconds", str(o.round_seconds), "--timeout", str(TUNNEL_TIMEOUT)] + path.args()
+        try:
+            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               stdin=subprocess.DEVNULL,
+                               timeout=o.round_seconds + TUNNEL_TIMEOUT + 30)
+        except subprocess.TimeoutExpired:
+            raise BenchError("churn did not end within its bounds: %s" % " ".join(cmd))
+        if r.returncode != 0:
+            raise BenchError("churn failed (%d): %s" % (r.returncode,
+                                                        r.stderr.decode(errors="replace")))
+        return json.loads(r.stdout.decode().strip().splitlines()[-1])
 
     def run(self):
         o, b = self.o, self.bench
@@ -158,10 +182,7 @@ class Soak:
                                     [b.ip["admin_a"], b.ip["admin_b"]])
             toggler.start()
             try:
-                churn = b.loadgen(["--mode", "churn", "--conns", str(o.conns_per_round),
-                                   "--streams", "8", "--size", "1024",
-                                   "--seconds", str(o.round_seconds)] + path.args(),
-                                  o.round_seconds + 60)
+                churn = self.churn(path)
             finally:
                 toggler.finish()
             reloads_written += toggler.written
@@ -249,8 +270,10 @@ def main(argv):
     o = ap.parse_args(argv)
     o.rounds = o.rounds or (3 if o.quick else 10)
     o.conns_per_round = o.conns_per_round or (5000 if o.quick else 20000)
-    if o.rounds < 1 or o.conns_per_round < 1:
-        ap.error("--rounds and --conns-per-round must be positive")
+    if o.rounds < 3 or o.conns_per_round < 1 or o.round_seconds < 1:
+        # Growth is read from round 2 to the last: fewer than 3 rounds would compare a round with
+        # itself.
+        ap.error("--rounds must be at least 3, --conns-per-round and --round-seconds positive")
     return run_bench(lambda: Soak(o), o.out, "soak")
 
 

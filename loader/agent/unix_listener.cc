@@ -1,5 +1,7 @@
 #include "loader/agent/unix_listener.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -24,6 +26,24 @@ maps::Result<UnixListener> UnixListener::open(const Options& options) {
     return Error{ENAMETOOLONG, options.what + " socket path '" + path + "' is empty or too long"};
   }
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  if (auto slash = path.rfind('/'); slash != std::string::npos && slash > 0) {
+    // The directory may be a fresh host path (Istio's /var/run/ztunnel).
+    if (auto s = make_dirs(path.substr(0, slash)); !s) return s.error();
+  }
+  // Two agents starting at once could both find the file stale, and the second would unlink the
+  // first one's fresh socket: the probe, unlink and bind happen under a lock on a sibling file,
+  // held for as long as the listener lives.
+  const std::string lock_path = path + ".lock";
+  UniqueFd lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!lock) return Error::from_errno(errno, "opening " + lock_path);
+  if (flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      return Error{EADDRINUSE, "another process serves " + options.what + " on " + path +
+                                   " (it holds " + lock_path +
+                                   "; a second node agent?); not taking it over"};
+    }
+    return Error::from_errno(errno, "locking " + lock_path);
+  }
   struct stat st {};
   if (lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) return Error{EEXIST, path + " exists and is not a socket"};
@@ -40,9 +60,6 @@ maps::Result<UnixListener> UnixListener::open(const Options& options) {
     if (unlink(path.c_str()) != 0 && errno != ENOENT) {
       return Error::from_errno(errno, "removing the stale socket " + path);
     }
-  } else if (auto slash = path.rfind('/'); slash != std::string::npos && slash > 0) {
-    // The directory may be a fresh host path (Istio's /var/run/ztunnel).
-    if (auto s = make_dirs(path.substr(0, slash)); !s) return s.error();
   }
   int type = SOCK_SEQPACKET | SOCK_CLOEXEC | (options.non_blocking ? SOCK_NONBLOCK : 0);
   UniqueFd fd(socket(AF_UNIX, type, 0));
@@ -54,12 +71,17 @@ maps::Result<UnixListener> UnixListener::open(const Options& options) {
   int bind_errno = errno;
   umask(old_mask);
   if (rc != 0) return Error::from_errno(bind_errno, "binding the " + options.what + " socket " + path);
+  struct stat bound {};
+  if (lstat(path.c_str(), &bound) != 0) {
+    int e = errno;
+    unlink(path.c_str());  // just bound by us, and the lock keeps others away
+    return Error::from_errno(e, "stat " + path);
+  }
   UnixListener listener;
   listener.path_ = path;
-  struct stat bound {};
-  if (lstat(path.c_str(), &bound) != 0) return Error::from_errno(errno, "stat " + path);
   listener.dev_ = bound.st_dev;
   listener.ino_ = bound.st_ino;
+  listener.lock_ = std::move(lock);
   listener.fd_ = std::move(fd);  // from here on, close() removes the file on failure
   if (chmod(path.c_str(), 0600) != 0) return Error::from_errno(errno, "chmod 0600 " + path);
   if (::listen(listener.fd_.get(), options.backlog) != 0) {
@@ -74,6 +96,7 @@ UnixListener& UnixListener::operator=(UnixListener&& other) noexcept {
   if (this != &other) {
     close();
     fd_ = std::move(other.fd_);
+    lock_ = std::move(other.lock_);
     path_ = std::move(other.path_);
     dev_ = std::exchange(other.dev_, 0);
     ino_ = std::exchange(other.ino_, 0);
@@ -88,6 +111,7 @@ void UnixListener::close() {
   if (lstat(path_.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_) {
     unlink(path_.c_str());
   }
+  lock_.reset();  // the lock file stays: removing it would let two processes lock two files
 }
 
 }  // namespace sockmesh::agent

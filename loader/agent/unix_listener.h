@@ -1,8 +1,9 @@
 #pragma once
 // A Unix SOCK_SEQPACKET listener at a well-known path (the ZDS socket, the CNI event socket),
 // owned the way a node daemon must own it:
-//  - a socket file that another process still answers on is left alone: a second agent on the
-//    node fails to start instead of silently cutting the first one's clients off;
+//  - a socket file that another process still answers on, or whose lock file (<path>.lock,
+//    flock) another process holds, is left alone: a second agent on the node fails to start
+//    instead of silently cutting the first one's clients off;
 //  - a socket file nobody answers on (an agent that crashed) is replaced;
 //  - at exit the file is removed only if it is still the one this listener bound, so that an
 //    agent that is shutting down never removes its successor's socket.
@@ -44,6 +45,7 @@ class UnixListener {
 
  private:
   maps::UniqueFd fd_;
+  maps::UniqueFd lock_;  // flock on <path>.lock, held while listening
   std::string path_;
   dev_t dev_ = 0;
   ino_t ino_ = 0;

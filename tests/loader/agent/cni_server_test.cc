@@ -57,6 +57,8 @@ TEST(CniEventServer, AnswersTheEventThePluginSends) {
   EXPECT_EQ(std::filesystem::status(path).permissions() & (perms::group_all | perms::others_all),
             perms::none)
       << "only root may send pod events";
+  EXPECT_EQ(std::filesystem::status(path).permissions() & (perms::owner_read | perms::owner_write),
+            perms::owner_read | perms::owner_write);
   auto call = cni::call_agent(path, sample(), 2000);
   ASSERT_EQ(call.status, cni::CallStatus::kAnswered) << call.error;
   EXPECT_EQ(call.reply.outcome, cni::Outcome::kEnrolled);
@@ -167,17 +169,33 @@ TEST(CniEventServer, ASecondAgentDoesNotTakeTheSocketOver) {
   first.stop();
   EXPECT_FALSE(std::filesystem::exists(path)) << "a stopping agent removes its own socket";
 
-  // An agent whose file was replaced under it (removed, and a newer agent bound the path) leaves
-  // the newer agent's socket alone when it stops.
+  // The lock file, not only the socket file, keeps a second agent out: with the socket file
+  // removed under a running agent, a newer one still does not start.
   CniEventServer old(path, answer("old"), nullptr);
   ASSERT_TRUE(old.start());
   std::filesystem::remove(path);
   CniEventServer newest(path, answer("newest"), nullptr);
-  ASSERT_TRUE(newest.start());
+  auto refused = newest.start();
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.error().message.find(path + ".lock"), std::string::npos)
+      << refused.error().message;
+  // A socket file the agent did not bind (here one bound by someone else after the removal) is
+  // left alone when the agent stops.
+  int other = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(bind(other, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   old.stop();
-  auto after = cni::call_agent(path, sample(), 2000);
-  ASSERT_EQ(after.status, cni::CallStatus::kAnswered) << after.error;
-  EXPECT_EQ(after.reply.message, "newest") << "the old agent's exit removed the newest's socket";
+  EXPECT_TRUE(std::filesystem::exists(path)) << "the agent removed a socket file it did not bind";
+  close(other);
+  std::filesystem::remove(path);
+  // Once the old agent is gone, its lock is free and the stale file is replaced.
+  CniEventServer next(path, answer("next"), nullptr);
+  ASSERT_TRUE(next.start());
+  auto call_next = cni::call_agent(path, sample(), 2000);
+  ASSERT_EQ(call_next.status, cni::CallStatus::kAnswered) << call_next.error;
+  EXPECT_EQ(call_next.reply.message, "next");
 }
 
 TEST(PodEvent, RoundTripsAndRefusesOtherVersions) {
