@@ -58,13 +58,30 @@ def bench_arguments(doc, root, quick_help, reps_help, stream_help):
     return ap
 
 
-def rss_kib(pid):
-    """VmRSS of a process, KiB."""
+def load_cluster_lib():
+    """scripts/lib/cluster.py (the simulated cluster, and the metrics parser the tests use), under
+    another module name: bench/cluster.py is cluster.py too."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                        "lib", "cluster.py")
+    spec = importlib.util.spec_from_file_location("sockmesh_cluster_lib", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def proc_status(pid, field):
+    """A numeric field of /proc/<pid>/status (VmRSS in KiB, Threads, ...)."""
     with open("/proc/%d/status" % pid) as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
-    raise BenchError("no VmRSS for pid %d" % pid)
+    raise BenchError("no %s for pid %d" % (field, pid))
+
+
+def rss_kib(pid):
+    """VmRSS of a process, KiB."""
+    return proc_status(pid, "VmRSS")
 
 
 def yes(b):

@@ -31,7 +31,6 @@ Everything (namespaces, cgroups, pin roots, processes; iptables rules die with t
 removed on exit and on Ctrl-C.
 """
 import datetime
-import importlib.util
 import json
 import os
 import platform
@@ -42,8 +41,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from benchlib import (BenchError, bench_arguments, log, rss_kib, run_bench,  # noqa: E402
-                      set_log_prefix)
+from benchlib import (BenchError, bench_arguments, load_cluster_lib, log, rss_kib,  # noqa: E402
+                      run_bench, set_log_prefix)
 
 set_log_prefix("cluster")
 
@@ -69,15 +68,6 @@ PATHS = [
     ("iptables", "(4) sockmesh fed by iptables REDIRECT"),
 ]
 TOPOLOGIES = [("cross", "across nodes"), ("same", "same node")]
-
-
-def load_cluster_lib():
-    """scripts/lib/cluster.py, under another module name: this file is cluster.py too."""
-    path = os.path.join(ROOT, "scripts", "lib", "cluster.py")
-    spec = importlib.util.spec_from_file_location("sockmesh_cluster_lib", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def cgroup_cpu_seconds(path):

@@ -29,7 +29,10 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run  # noqa: E402  (the benchmark's processes, addresses and proxy start-up)
-from benchlib import BenchError, log, rss_kib, run_bench, set_log_prefix, yes  # noqa: E402
+from benchlib import (BenchError, load_cluster_lib, log, proc_status, rss_kib,  # noqa: E402
+                      run_bench, set_log_prefix, yes)
+
+metric_value = load_cluster_lib().metric_value  # the metrics parser the tests use
 
 set_log_prefix("soak")
 MiB = 1 << 20
@@ -46,24 +49,12 @@ def fd_count(pid):
     return len(os.listdir("/proc/%d/fd" % pid))
 
 
-def thread_count(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-    raise BenchError("no Threads for pid %d" % pid)
-
-
 def open_connections(admin_ip):
     """Connections the proxy's metrics count as opened and not yet closed (all label sets)."""
     with urllib.request.urlopen("http://%s:15020/metrics" % admin_ip, timeout=5) as r:
         text = r.read().decode()
-    opened = closed = 0.0
-    for line in text.splitlines():
-        if line.startswith("istio_tcp_connections_opened_total"):
-            opened += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("istio_tcp_connections_closed_total"):
-            closed += float(line.rsplit(" ", 1)[1])
+    opened = metric_value(text, "istio_tcp_connections_opened_total")
+    closed = metric_value(text, "istio_tcp_connections_closed_total")
     return int(opened - closed), int(opened)
 
 
@@ -139,7 +130,7 @@ class Soak:
         for name, (proc, admin) in nodes.items():
             open_now, opened = open_connections(admin)
             out[name] = {"rss_kib": rss_kib(proc.pid), "fds": fd_count(proc.pid),
-                         "threads": thread_count(proc.pid), "open": open_now, "opened": opened}
+                         "threads": proc_status(proc.pid, "Threads"), "open": open_now, "opened": opened}
         return out
 
     def churn(self, path):

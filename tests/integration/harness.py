@@ -163,7 +163,7 @@ class TcpServer:
     the moment the connection is accepted)."""
 
     def __init__(self, ip, port, backlog=512):
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock = socket.socket(family_of(ip), socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((ip, port))
         self.sock.listen(backlog)
@@ -238,17 +238,27 @@ SOCKS_REPLIES = {0: "succeeded", 1: "general failure", 2: "not allowed by rulese
                  4: "host unreachable", 5: "connection refused", 7: "command not supported"}
 
 
+def family_of(ip):
+    return socket.AF_INET6 if ":" in ip else socket.AF_INET
+
+
 def socks_connect(source_ip, proxy, dst_ip, dst_port, timeout=10.0):
-    """Returns (socket, reply code). The socket is closed when the reply is not 0."""
-    s = socket.socket()
+    """Returns (socket, reply code). The socket is closed when the reply is not 0. IPv4 or IPv6
+    (SOCKS5 address type 1 or 4), by the addresses given."""
+    s = socket.socket(family_of(source_ip), socket.SOCK_STREAM)
     s.settimeout(timeout)
     s.bind((source_ip, 0))
     s.connect(proxy)
     s.sendall(b"\x05\x01\x00")
     if recv_exact(s, 2) != b"\x05\x00":
         raise AssertionError("SOCKS5 method negotiation failed")
-    s.sendall(b"\x05\x01\x00\x01" + socket.inet_aton(dst_ip) + struct.pack(">H", dst_port))
-    rep = recv_exact(s, 10)
+    if family_of(dst_ip) == socket.AF_INET6:
+        target = b"\x04" + socket.inet_pton(socket.AF_INET6, dst_ip)
+    else:
+        target = b"\x01" + socket.inet_aton(dst_ip)
+    s.sendall(b"\x05\x01\x00" + target + struct.pack(">H", dst_port))
+    rep = recv_exact(s, 4)
+    recv_exact(s, (16 if rep[3] == 4 else 4) + 2)  # the bound address and port
     if rep[1] != 0:
         s.close()
     return s, rep[1]
