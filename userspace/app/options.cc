@@ -112,6 +112,7 @@ const std::map<std::string, std::pair<Setter, const char*>>& flags() {
       {"drain-timeout-ms", {millis(&proxy::ProxyConfig::drain_timeout), "how long SIGTERM waits for connections (default 5000)"}},
       {"pool-idle-timeout-ms", {millis(&proxy::ProxyConfig::pool_idle_timeout), "idle pooled HBONE connections close after this (default 30000)"}},
       {"connect-timeout-ms", {millis(&proxy::ProxyConfig::connect_timeout), "TCP connect deadline (default 5000)"}},
+      {"handshake-timeout-ms", {millis(&proxy::ProxyConfig::handshake_timeout), "TLS and SOCKS5 handshake deadline (default 10000)"}},
       {"config-poll-ms", {millis(&proxy::ProxyConfig::config_poll), "how often the config file is checked (default 1000)"}},
       {"log-level", {[](const std::string& v, Options* o) -> std::optional<std::string> {
                        o->log_level = v;

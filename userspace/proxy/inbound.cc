@@ -192,10 +192,15 @@ void InboundHbone::handle(Worker& worker, Tcp::socket socket) {
     failures.inc();
     return;
   }
+  // The deadline and the handshake complete on the stream's executor, the worker's one-thread
+  // io_context, so they never run at once; but either may already be queued when the other runs
+  // (cancel() cannot recall a queued completion). Whichever runs first sets `done`, and the other
+  // then leaves the stream alone: it may have been moved into the HTTP/2 connection.
   struct Handshake {
     std::unique_ptr<h2::TlsStream> tls;
     tls::PeerCheck check;
     boost::asio::steady_timer deadline;
+    bool done = false;
     ActiveGuard active;
     Handshake(Tcp::socket s, boost::asio::ssl::context& c, std::atomic<int64_t>* counter)
         : tls(std::make_unique<h2::TlsStream>(std::move(s), c)),
@@ -212,19 +217,28 @@ void InboundHbone::handle(Worker& worker, Tcp::socket socket) {
   tls::MeshTls::attach_peer_check(ssl, &hs->check);
   hs->deadline.expires_after(ctx_.config.handshake_timeout);
   hs->deadline.async_wait([hs](const boost::system::error_code& e) {
-    if (e) return;
+    if (e || hs->done) return;
+    hs->done = true;
     boost::system::error_code ignored;
-    hs->tls->next_layer().close(ignored);
+    hs->tls->next_layer().close(ignored);  // the handshake then completes with an error
   });
   auto& ctx = ctx_;
   hs->tls->async_handshake(
       boost::asio::ssl::stream_base::server,
       [&ctx, &worker, hs, session, &failures](const boost::system::error_code& e) {
+        // Set by the deadline: it closed the socket, even if the handshake had just succeeded.
+        bool timed_out = hs->done;
+        hs->done = true;
         hs->deadline.cancel();
         SSL* ssl = hs->tls->native_handle();
-        std::string why = e ? tls::MeshTls::describe_failure(ssl, e.message()) : "";
+        std::string why;
+        if (timed_out) {
+          why = "timed out after " + std::to_string(ctx.config.handshake_timeout.count()) + " ms";
+        } else if (e) {
+          why = tls::MeshTls::describe_failure(ssl, e.message());
+        }
         tls::MeshTls::attach_peer_check(ssl, nullptr);
-        if (e) {
+        if (timed_out || e) {
           SM_WARN("inbound") << "TLS handshake from " << session->peer.to_string() << " to "
                              << session->local.to_string() << " failed: " << why;
           ctx.metrics

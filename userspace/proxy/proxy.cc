@@ -88,7 +88,7 @@ void Proxy::accept_loop(Listener& l) {
                        << ec.message();
       l.backoff.expires_after(std::chrono::milliseconds(100));
       l.backoff.async_wait([this, &l](const boost::system::error_code& e) {
-        if (!e) accept_loop(l);
+        if (!e && l.acceptor.is_open()) accept_loop(l);
       });
       return;
     }
@@ -193,18 +193,28 @@ void Proxy::release_listeners(const std::string& pod_uid) {
 
 void Proxy::close_pod_listeners(const std::string& pod_uid) {
   std::string prefix = pod_key_prefix(pod_uid);
-  auto closed = std::make_shared<std::vector<std::unique_ptr<Listener>>>();
+  std::vector<std::unique_ptr<Listener>> closing;
   for (auto it = listeners_.lower_bound(prefix);
        it != listeners_.end() && it->first.compare(0, prefix.size(), prefix) == 0;) {
     SM_INFO("proxy") << "closing " << it->second->role << " on " << it->second->at.to_string();
-    boost::system::error_code ec;
-    it->second->acceptor.close(ec);
-    it->second->backoff.cancel();
-    closed->push_back(std::move(it->second));
+    closing.push_back(std::move(it->second));
     it = listeners_.erase(it);
   }
-  if (closed->empty()) return;
-  // Accept completions already queued still look at their Listener: free it after them.
+  retire(std::move(closing));
+}
+
+void Proxy::retire(std::vector<std::unique_ptr<Listener>> listeners) {
+  if (listeners.empty()) return;
+  for (auto& l : listeners) {
+    boost::system::error_code ec;
+    l->acceptor.close(ec);
+    l->backoff.cancel();
+  }
+  // Accept and backoff completions already queued still look at their Listener (accept_loop holds
+  // it by reference), and cancel() cannot recall them: free it behind them. Two hops, because a
+  // completion that runs before the first hop may queue one more (an accept on the closed
+  // acceptor), and that one lands behind the first hop but ahead of the second.
+  auto closed = std::make_shared<std::vector<std::unique_ptr<Listener>>>(std::move(listeners));
   boost::asio::post(control_,
                     [this, closed] { boost::asio::post(control_, [closed] { closed->clear(); }); });
 }
@@ -272,17 +282,18 @@ void Proxy::reconcile_hbone_listeners() {
       }
     }
   }
+  std::vector<std::unique_ptr<Listener>> closing;
   for (auto it = listeners_.begin(); it != listeners_.end();) {
     if (it->second->role == "hbone" && wanted.count(it->first) == 0) {
       SM_INFO("proxy") << "closing hbone listener on " << it->second->at.to_string()
                        << ": workload left this node";
-      boost::system::error_code ec;
-      it->second->acceptor.close(ec);
+      closing.push_back(std::move(it->second));
       it = listeners_.erase(it);
     } else {
       ++it;
     }
   }
+  retire(std::move(closing));
 }
 
 void Proxy::recheck_policies(const state::SnapshotPtr& snap) {

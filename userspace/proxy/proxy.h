@@ -75,6 +75,8 @@ class Proxy {
   // Runs `f` on the control thread and waits for it (directly when already there).
   void on_control(const std::function<void()>& f);
   void close_pod_listeners(const std::string& pod_uid);
+  // Closes listeners taken out of listeners_ and frees them once nothing queued can reach them.
+  void retire(std::vector<std::unique_ptr<Listener>> listeners);
   void reconcile_hbone_listeners();
   void recheck_policies(const state::SnapshotPtr& snap);
 
