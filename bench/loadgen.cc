@@ -11,6 +11,10 @@
 //                    [--via tcp|socks5|http --proxy IP:PORT] [--bind IP]
 //                    [--bytes N --streams K] [--size B --iters M --warmup W]
 //                    [--conns C] [--seconds S] [--timeout S]
+//   sockmesh-loadgen client --mode h2frames --via h2 --proxy IP:PORT --tls CERT,KEY,CA
+//                    --target IP:PORT [--bind IP] [--frames N] [--size B] [--timeout S]
+//                    (one HTTP/2 CONNECT stream over mutual TLS straight to an HBONE-style
+//                    server, carrying N DATA frames of B bytes each to a sink; frames per second)
 //   --netns-only yes (either role): also accept non-loopback addresses, but only when the process
 //                    runs in a network namespace other than the initial one (PID 1's, or when
 //                    that is unreadable, the parent process's), so that
@@ -615,6 +619,8 @@ struct ClientOptions {
   double timeout = 60;
   double hold_seconds = 120;
   double seconds = 20;  // churn: the time bound, beside --conns
+  uint64_t frames = 1000000;              // h2frames
+  std::string tls_cert, tls_key, tls_ca;  // h2frames: the client's certificate and the CA
 };
 
 // Opens a connection to the target: directly, or through a SOCKS5 or HTTP/1 CONNECT proxy.
@@ -880,6 +886,287 @@ int run_hold(const ClientOptions& o) {
   return 0;
 }
 
+// ---------------------------------------------------------------------------------------------
+// h2frames: one CONNECT stream over HTTP/2 and mutual TLS 1.3, straight to an HBONE-style server
+// (sockmesh's inbound, nghttpx -s), carrying many small DATA frames to a sink behind it. What it
+// measures is the server's cost per frame, so the client frames by hand (a template copied per
+// frame, 64 KiB of frames per SSL_write) and spends next to nothing on each. It keeps the
+// server's flow-control windows and opens its own as far as HTTP/2 allows.
+
+constexpr uint8_t kH2Data = 0x0, kH2Headers = 0x1, kH2RstStream = 0x3, kH2Settings = 0x4,
+                  kH2Ping = 0x6, kH2Goaway = 0x7, kH2WindowUpdate = 0x8;
+constexpr uint8_t kH2EndStream = 0x1, kH2Ack = 0x1, kH2EndHeaders = 0x4, kH2Padded = 0x8;
+constexpr uint32_t kH2MaxWindow = 0x7fffffff;
+
+void put_h2_frame(std::vector<uint8_t>& out, uint8_t type, uint8_t flags, uint32_t stream,
+                  const uint8_t* payload, size_t len) {
+  uint8_t hd[9] = {static_cast<uint8_t>(len >> 16),
+                   static_cast<uint8_t>(len >> 8),
+                   static_cast<uint8_t>(len),
+                   type,
+                   flags,
+                   static_cast<uint8_t>(stream >> 24),
+                   static_cast<uint8_t>(stream >> 16),
+                   static_cast<uint8_t>(stream >> 8),
+                   static_cast<uint8_t>(stream)};
+  out.insert(out.end(), hd, hd + 9);
+  if (len > 0) out.insert(out.end(), payload, payload + len);
+}
+
+uint32_t get_be32(const uint8_t* p) {
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
+}
+
+class H2FramesClient {
+ public:
+  static constexpr uint32_t kStream = 1;
+
+  H2FramesClient(SSL_CTX* ctx, Fd fd, double timeout) : fd_(std::move(fd)), timeout_(timeout) {
+    start_tls(ctx, fd_.get(), hop_, false, timeout);
+    const unsigned char* alpn = nullptr;
+    unsigned alpn_len = 0;
+    SSL_get0_alpn_selected(hop_.ssl, &alpn, &alpn_len);
+    if (alpn_len != 2 || std::memcmp(alpn, "h2", 2) != 0) {
+      errno = 0;
+      fail("h2frames: the server did not select ALPN h2");
+    }
+    std::vector<uint8_t> out;
+    static const char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    out.insert(out.end(), kPreface, kPreface + sizeof kPreface - 1);
+    std::vector<uint8_t> settings;
+    auto setting = [&](uint16_t id, uint32_t value) {
+      uint8_t entry[6] = {static_cast<uint8_t>(id >> 8), static_cast<uint8_t>(id)};
+      put_be32(entry + 2, value);
+      settings.insert(settings.end(), entry, entry + 6);
+    };
+    setting(0x2, 0);             // ENABLE_PUSH
+    setting(0x4, kH2MaxWindow);  // INITIAL_WINDOW_SIZE
+    put_h2_frame(out, kH2Settings, 0, 0, settings.data(), settings.size());
+    uint8_t inc[4];
+    put_be32(inc, kH2MaxWindow - 65535);
+    put_h2_frame(out, kH2WindowUpdate, 0, 0, inc, sizeof inc);
+    write(out);
+  }
+
+  // CONNECT authority; waits for a 200.
+  void connect(const std::string& authority) {
+    std::vector<uint8_t> block;
+    // Literal header fields without indexing, names from the static table (:method is index 2,
+    // :authority 1), no Huffman coding: the simplest valid HPACK.
+    auto literal = [&](uint8_t name_index, const std::string& value) {
+      block.push_back(name_index);
+      block.push_back(static_cast<uint8_t>(value.size()));  // < 127
+      block.insert(block.end(), value.begin(), value.end());
+    };
+    literal(2, "CONNECT");
+    literal(1, authority);
+    std::vector<uint8_t> out;
+    put_h2_frame(out, kH2Headers, kH2EndHeaders, kStream, block.data(), block.size());
+    write(out);
+    wait_for([&] { return status_ != 0; }, "the answer to CONNECT");
+    if (status_ != 200) {
+      errno = 0;
+      fail("h2frames: CONNECT answered " + std::to_string(status_));
+    }
+  }
+
+  // Sends `frames` DATA frames of `size` bytes (template bytes: the sink only counts them),
+  // within the server's windows.
+  void send_frames(uint64_t frames, size_t size, const uint8_t* first = nullptr) {
+    std::vector<uint8_t> tmpl;
+    std::vector<uint8_t> payload(size, 'x');
+    put_h2_frame(tmpl, kH2Data, 0, kStream, first != nullptr ? first : payload.data(), size);
+    const uint64_t per_write = std::max<uint64_t>(1, (64 * 1024) / tmpl.size());
+    std::vector<uint8_t> out;
+    out.reserve(per_write * tmpl.size());
+    auto deadline = Clock::now() + std::chrono::duration<double>(timeout_);
+    while (frames > 0) {
+      if (Clock::now() > deadline) {
+        errno = ETIMEDOUT;
+        fail("h2frames: sending frames");
+      }
+      int64_t room = std::min(conn_window_, stream_window_);
+      if (room < static_cast<int64_t>(size)) {
+        read_frames(100);  // wait for WINDOW_UPDATE
+        continue;
+      }
+      uint64_t n =
+          std::min({frames, per_write, static_cast<uint64_t>(room) / std::max<size_t>(size, 1)});
+      out.clear();
+      for (uint64_t i = 0; i < n; ++i) out.insert(out.end(), tmpl.begin(), tmpl.end());
+      write(out);
+      conn_window_ -= static_cast<int64_t>(n * size);
+      stream_window_ -= static_cast<int64_t>(n * size);
+      frames -= n;
+      read_frames(0);
+    }
+  }
+
+  // Waits for `n` bytes of DATA from the server and returns them.
+  std::vector<uint8_t> receive(size_t n) {
+    wait_for([&] { return received_.size() >= n; }, "the sink's answer");
+    return std::vector<uint8_t>(received_.begin(), received_.begin() + static_cast<long>(n));
+  }
+
+ private:
+  static void put_be32(uint8_t* p, uint32_t v) {
+    p[0] = static_cast<uint8_t>(v >> 24);
+    p[1] = static_cast<uint8_t>(v >> 16);
+    p[2] = static_cast<uint8_t>(v >> 8);
+    p[3] = static_cast<uint8_t>(v);
+  }
+
+  void write(const std::vector<uint8_t>& plain) {
+    size_t written = 0;
+    if (SSL_write_ex(hop_.ssl, plain.data(), plain.size(), &written) != 1 ||
+        written != plain.size()) {
+      tls_fail("h2frames: SSL_write");
+    }
+    flush_tls(fd_.get(), hop_, timeout_);
+  }
+
+  template <typename Pred>
+  void wait_for(Pred done, const char* what) {
+    auto deadline = Clock::now() + std::chrono::duration<double>(timeout_);
+    while (!done()) {
+      if (Clock::now() > deadline) {
+        errno = ETIMEDOUT;
+        fail(std::string("h2frames: waiting for ") + what);
+      }
+      read_frames(100);
+    }
+  }
+
+  // Reads and handles what the server sent, waiting up to wait_ms for the first of it.
+  void read_frames(int wait_ms) {
+    if (SSL_pending(hop_.ssl) == 0) {
+      pollfd pf{fd_.get(), POLLIN, 0};
+      if (::poll(&pf, 1, wait_ms) <= 0) return;
+    }
+    uint8_t buf[64 * 1024];
+    for (;;) {
+      size_t got = 0;
+      ERR_clear_error();
+      int rv = SSL_read_ex(hop_.ssl, buf, sizeof buf, &got);
+      if (rv == 1) {
+        in_.insert(in_.end(), buf, buf + got);
+        continue;
+      }
+      int e = SSL_get_error(hop_.ssl, rv);
+      if (e == SSL_ERROR_WANT_READ) break;
+      if (e == SSL_ERROR_ZERO_RETURN) {
+        errno = 0;
+        fail("h2frames: the server closed the connection");
+      }
+      tls_fail("h2frames: SSL_read");
+    }
+    std::vector<uint8_t> reply;
+    size_t pos = 0;
+    while (in_.size() - pos >= 9) {
+      const uint8_t* h = in_.data() + pos;
+      size_t len = (size_t{h[0]} << 16) | (size_t{h[1]} << 8) | h[2];
+      if (in_.size() - pos < 9 + len) break;
+      on_frame(h[3], h[4], get_be32(h + 5) & kH2MaxWindow, h + 9, len, reply);
+      pos += 9 + len;
+    }
+    in_.erase(in_.begin(), in_.begin() + static_cast<long>(pos));
+    if (!reply.empty()) write(reply);
+  }
+
+  void on_frame(uint8_t type, uint8_t flags, uint32_t stream, const uint8_t* p, size_t len,
+                std::vector<uint8_t>& reply) {
+    if ((type == kH2Data || type == kH2Headers) && (flags & kH2Padded) != 0 && len > 0) {
+      size_t pad = p[0];
+      p += 1;
+      len = len - 1 >= pad ? len - 1 - pad : 0;
+    }
+    switch (type) {
+      case kH2Data:
+        if (stream == kStream) received_.insert(received_.end(), p, p + len);
+        break;
+      case kH2Headers:
+        // :status 200 is static table entry 8, which every encoder sends indexed (0x88).
+        if (stream == kStream) status_ = len > 0 && p[0] == 0x88 ? 200 : -1;
+        break;
+      case kH2RstStream:
+        errno = 0;
+        fail("h2frames: RST_STREAM " + std::to_string(len >= 4 ? get_be32(p) : 0));
+      case kH2Settings:
+        if ((flags & kH2Ack) != 0) break;
+        for (size_t i = 0; i + 6 <= len; i += 6) {
+          if (p[i] == 0 && p[i + 1] == 0x4) {
+            int64_t value = get_be32(p + i + 2);
+            stream_window_ += value - initial_window_;
+            initial_window_ = value;
+          }
+        }
+        put_h2_frame(reply, kH2Settings, kH2Ack, 0, nullptr, 0);
+        break;
+      case kH2Ping:
+        if ((flags & kH2Ack) == 0) put_h2_frame(reply, kH2Ping, kH2Ack, 0, p, len);
+        break;
+      case kH2Goaway:
+        errno = 0;
+        fail("h2frames: GOAWAY " + std::to_string(len >= 8 ? get_be32(p + 4) : 0));
+      case kH2WindowUpdate:
+        if (len >= 4) {
+          int64_t inc = get_be32(p) & kH2MaxWindow;
+          if (stream == 0) {
+            conn_window_ += inc;
+          } else if (stream == kStream) {
+            stream_window_ += inc;
+          }
+        }
+        break;
+      default:
+        break;
+    }
+  }
+
+  Fd fd_;
+  Hop hop_;
+  double timeout_;
+  std::vector<uint8_t> in_;  // plaintext not yet parsed into frames
+  std::vector<uint8_t> received_;
+  int64_t conn_window_ = 65535;
+  int64_t stream_window_ = 65535;
+  int64_t initial_window_ = 65535;
+  int status_ = 0;
+};
+
+int run_h2frames(const ClientOptions& o) {
+  if (o.via != "h2" || !o.proxy) throw Failure("h2frames needs --via h2 --proxy IP:PORT");
+  if (o.tls_cert.empty()) throw Failure("h2frames needs --tls CERT,KEY,CA");
+  if (o.size == 0 || o.frames == 0) throw Failure("h2frames: --size and --frames must be > 0");
+  SslCtx ctx = relay_tls_context(RelayTls{RelayTls::Side::kTo, o.tls_cert, o.tls_key, o.tls_ca});
+  static const unsigned char kAlpn[] = {2, 'h', '2'};
+  SSL_CTX_set_alpn_protos(ctx.get(), kAlpn, sizeof kAlpn);
+  ClientOptions plain = o;
+  plain.via = "tcp";
+  plain.target = *o.proxy;  // the TCP connection goes to the HTTP/2 server
+  H2FramesClient c(ctx.get(), open_tunnel(plain), o.timeout);
+  c.connect(o.target.ip + ":" + std::to_string(o.target.port));
+  uint64_t total = o.frames * o.size;
+  uint8_t hdr[16] = {'S', 'M', 'L', 'G', kOpSink};
+  put_u64(hdr + 8, total);
+  c.send_frames(1, sizeof hdr, hdr);
+  auto t0 = Clock::now();
+  c.send_frames(o.frames, o.size);
+  auto ack = c.receive(8);
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (get_u64(ack.data()) != total) {
+    errno = 0;
+    fail("h2frames: the sink counted " + std::to_string(get_u64(ack.data())) + " of " +
+         std::to_string(total) + " bytes");
+  }
+  std::printf(
+      "{\"mode\": \"h2frames\", \"frames\": %llu, \"size\": %zu, \"seconds\": %.6f, "
+      "\"frames_per_s\": %.0f, \"mbps\": %.3f}\n",
+      static_cast<unsigned long long>(o.frames), o.size, secs, static_cast<double>(o.frames) / secs,
+      static_cast<double>(total) * 8 / secs / 1e6);
+  return 0;
+}
+
 uint64_t parse_size(const std::string& s) {
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
@@ -892,18 +1179,21 @@ uint64_t parse_size(const std::string& s) {
 }
 
 void usage() {
-  std::fprintf(stderr,
-               "usage: sockmesh-loadgen server --listen IP:PORT [--max-seconds S] [--timeout S]\n"
-               "           [--transparent yes] [--mark N] [--register PIN_ROOT,POD_IP]\n"
-               "       sockmesh-loadgen relay --listen IP:PORT --to IP:PORT [--max-seconds S]\n"
-               "           [--tls-listen CERT,KEY,CA | --tls-to CERT,KEY,CA]\n"
-               "       sockmesh-loadgen client --mode throughput|pingpong|hold|churn --target IP:PORT\n"
-               "           [--via tcp|socks5|http --proxy IP:PORT] [--bind IP] [--timeout S]\n"
-               "           throughput: [--bytes N[K|M|G]] [--streams K]\n"
-               "           pingpong:   [--size B] [--iters M] [--warmup W]\n"
-               "           hold:       [--conns C] [--hold-seconds S]\n"
-               "           churn:      [--conns C] [--streams K] [--size B] [--seconds S]\n"
-               "       --netns-only yes: non-loopback addresses too, only outside the initial netns\n");
+  std::fprintf(
+      stderr,
+      "usage: sockmesh-loadgen server --listen IP:PORT [--max-seconds S] [--timeout S]\n"
+      "           [--transparent yes] [--mark N] [--register PIN_ROOT,POD_IP]\n"
+      "       sockmesh-loadgen relay --listen IP:PORT --to IP:PORT [--max-seconds S]\n"
+      "           [--tls-listen CERT,KEY,CA | --tls-to CERT,KEY,CA]\n"
+      "       sockmesh-loadgen client --mode throughput|pingpong|hold|churn --target IP:PORT\n"
+      "           [--via tcp|socks5|http --proxy IP:PORT] [--bind IP] [--timeout S]\n"
+      "           throughput: [--bytes N[K|M|G]] [--streams K]\n"
+      "           pingpong:   [--size B] [--iters M] [--warmup W]\n"
+      "           hold:       [--conns C] [--hold-seconds S]\n"
+      "           churn:      [--conns C] [--streams K] [--size B] [--seconds S]\n"
+      "       sockmesh-loadgen client --mode h2frames --via h2 --proxy IP:PORT\n"
+      "           --tls CERT,KEY,CA --target IP:PORT [--frames N] [--size B]\n"
+      "       --netns-only yes: non-loopback addresses too, only outside the initial netns\n");
 }
 
 }  // namespace
@@ -1005,10 +1295,20 @@ int main(int argc, char** argv) {
     o.timeout = std::stod(get("timeout", "120"));
     o.hold_seconds = std::stod(get("hold-seconds", "120"));
     o.seconds = std::stod(get("seconds", "20"));
+    o.frames = parse_size(get("frames", "1000000"));
+    if (auto t = get("tls", ""); !t.empty()) {
+      auto c1 = t.find(',');
+      auto c2 = c1 == std::string::npos ? c1 : t.find(',', c1 + 1);
+      if (c2 == std::string::npos) throw Failure("--tls CERT,KEY,CA");
+      o.tls_cert = t.substr(0, c1);
+      o.tls_key = t.substr(c1 + 1, c2 - c1 - 1);
+      o.tls_ca = t.substr(c2 + 1);
+    }
     if (o.mode == "throughput") return run_throughput(o);
     if (o.mode == "pingpong") return run_pingpong(o);
     if (o.mode == "hold") return run_hold(o);
     if (o.mode == "churn") return run_churn(o);
+    if (o.mode == "h2frames") return run_h2frames(o);
     usage();
     return 2;
   } catch (const std::exception& e) {

@@ -13,6 +13,12 @@ for: one 1 GiB stream, 8 parallel streams (aggregate), 1 KiB request/response ro
 p99); plus the sockmesh proxies' RSS idle and per 1,000 open tunnelled connections. Prints a
 Markdown table and writes it to bench/results/latest.md.
 
+Small DATA frames (also `--small-frames` alone, table in bench/results/small-frames.md): one
+CONNECT stream over HTTP/2 and mutual TLS 1.3 straight to sockmesh's inbound (node B) and to
+nghttpx -s (with tinyproxy behind it, as in (c1)), carrying 4,000,000 DATA frames of 16 bytes to
+a sink: frames per second, and the server's CPU time per frame. It is what a chatty protocol (a
+database's small requests) costs the receiving proxy.
+
 Load comes from build/bench/sockmesh-loadgen (bench/loadgen.cc): the C++ standard library, and
 OpenSSL for the TLS floor.
 """
@@ -474,8 +480,11 @@ class Bench:
             a, b = self.start_sockmesh(key, binary, admin_a, admin_b, port)
             path = Path(key, label, "socks5", "%s:15080" % admin_a, self.target,
                         self.ip["client"], pids=[a.pid, b.pid])
+            path.hbone_port = port
             self.paths.append(path)
             self.meshes.append((path, a, b))
+        if o.small_frames_only:
+            return self.run_small_frames()
         time.sleep(1.0)
         idle = {m[0].key: {"node A": rss_kib(m[1].pid), "node B": rss_kib(m[2].pid)}
                 for m in self.meshes}
@@ -493,6 +502,8 @@ class Bench:
         for path, a, b in self.meshes:
             log("RSS (%s): opening %d tunnelled connections through node A" % (path.key, o.conns))
             rss[path.key], opened[path.key] = self.measure_rss(path, a, b, o.conns)
+
+        small = self.measure_small_frames(self.small_frame_servers(pki))
 
         log("warm-up")
         for p in self.paths:
@@ -522,7 +533,112 @@ class Bench:
         time.sleep(IDLE_SETTLE_SECONDS)
         idle_after = {m[0].key: {"node A": rss_kib(m[1].pid), "node B": rss_kib(m[2].pid)}
                       for m in self.meshes}
-        return self.report(results, idle, idle_after, rss, opened)
+        text, raw = self.report(results, idle, idle_after, rss, opened)
+        text += "\n" + "\n".join(self.small_frames_report(small)) + "\n"
+        raw["small_frames"] = small
+        return text, raw
+
+    # -- small DATA frames ----------------------------------------------------------------
+
+    def mesh_client_cert(self, path):
+        """A certificate for the client workload from this mesh's own CA (node B's state dir),
+        so that the h2frames client is a mesh peer as far as B can tell."""
+        state = os.path.join(self.tmp, "sockmesh-state-" + path.key)
+        d = os.path.join(self.tmp, "h2frames-" + path.key)
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "client.ext"), "w") as f:
+            f.write("subjectAltName=URI:spiffe://cluster.local/ns/bench/sa/client\n"
+                    "keyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth,serverAuth\n"
+                    "basicConstraints=critical,CA:FALSE\n")
+        openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                "-keyout", "client-key.pem", "-out", "client.csr", "-subj", "/O=bench client",
+                cwd=d)
+        openssl("x509", "-req", "-in", "client.csr", "-CA", os.path.join(state, "ca-cert.pem"),
+                "-CAkey", os.path.join(state, "ca-key.pem"), "-CAcreateserial",
+                "-out", "client-cert.pem", "-days", "2", "-extfile", "client.ext", cwd=d)
+        return "%s,%s,%s" % (os.path.join(d, "client-cert.pem"), os.path.join(d, "client-key.pem"),
+                             os.path.join(state, "ca-cert.pem"))
+
+    def small_frame_servers(self, pki):
+        """[(key, label, HTTP/2 server IP:PORT, --tls files, server pids)]: node B of each mesh,
+        and nghttpx -s (with the tinyproxy behind it) when the nghttpx chain runs."""
+        out = []
+        for path, _, b in self.meshes:
+            who = "sockmesh" if path.key == "sockmesh" else "candidate"
+            out.append((path.key, who + " inbound (node B)",
+                        "%s:%d" % (self.ip["server"], path.hbone_port),
+                        self.mesh_client_cert(path), [b.pid]))
+        for p in self.paths:
+            if p.key == "nghttpx":
+                out.append(("nghttpx", "nghttpx -s → tinyproxy",
+                            "%s:15443" % self.ip["nghttpx_server"],
+                            "%s,%s,%s" % (pki["client_cert"], pki["client_key"], pki["ca"]),
+                            p.pids[1:]))  # nghttpx -s and tinyproxy, not the client nghttpx
+        return out
+
+    def measure_small_frames(self, servers):
+        """Frames/s per server: medians of o.reps runs, the servers interleaved."""
+        o = self.o
+        runs = {key: [] for key, *_ in servers}
+        for rep in range(o.reps + 1):  # the first round warms up and is not counted
+            for key, _, addr, tls, pids in servers:
+                if rep > 0:
+                    log("rep %d/%d %s: %d DATA frames of %d bytes" % (rep, o.reps, key, o.frames,
+                                                                      o.frame_bytes))
+                frames = o.frames if rep > 0 else max(1000, o.frames // 10)
+                cpu0 = sum(cpu_seconds(p) for p in pids)
+                r = self.loadgen(["--mode", "h2frames", "--via", "h2", "--proxy", addr,
+                                  "--tls", tls, "--target", self.target,
+                                  "--bind", self.ip["client"], "--frames", str(frames),
+                                  "--size", str(o.frame_bytes)], self.o.op_timeout)
+                cpu = sum(cpu_seconds(p) for p in pids) - cpu0
+                r["server_cpu_us_per_frame"] = cpu * 1e6 / frames
+                if rep > 0:
+                    runs[key].append(r)
+        med = statistics.median
+        return [{"key": key, "label": label,
+                 "frames_per_s": med(r["frames_per_s"] for r in runs[key]),
+                 "all": [r["frames_per_s"] for r in runs[key]],
+                 "cpu_us_per_frame": med(r["server_cpu_us_per_frame"] for r in runs[key])}
+                for key, label, *_ in servers]
+
+    def small_frames_report(self, small):
+        o = self.o
+        ref = next((x for x in small if x["key"] == "nghttpx"), None)
+        L = ["Small DATA frames: %d frames of %d bytes on one CONNECT stream over HTTP/2 and "
+             "mutual TLS 1.3, sent straight to the HTTP/2 server by `sockmesh-loadgen --mode "
+             "h2frames`, to a sink behind it; %s, servers interleaved. CPU is that of the server's "
+             "processes (for nghttpx, tinyproxy's too). The client frames by hand and may itself "
+             "be the limit of the fastest row; the CPU column is the server's cost either way." % (
+                 o.frames, o.frame_bytes,
+                 "medians of %d runs" % o.reps if o.reps > 1 else "one run"), "",
+             "| HTTP/2 server | DATA frames/s | payload MB/s | server CPU µs/frame | vs nghttpx "
+             "| runs |",
+             "|---|---:|---:|---:|---:|---|"]
+        for x in small:
+            vs = times(x["frames_per_s"] / ref["frames_per_s"]) if ref else "—"
+            L.append("| %s | %.0f | %.1f | %.2f | %s | %s |" % (
+                x["label"], x["frames_per_s"], x["frames_per_s"] * o.frame_bytes / 1e6,
+                x["cpu_us_per_frame"], vs, ", ".join("%.0f" % v for v in x["all"])))
+        return L
+
+    def run_small_frames(self):
+        """--small-frames: only the small-frame row (sockmesh's node B and nghttpx -s)."""
+        o = self.o
+        pki = make_pki(self.tmp, o.server_name)
+        self.paths.append(self.start_nghttpx_chain(pki))
+        small = self.measure_small_frames(self.small_frame_servers(pki))
+        for path, a, b in self.meshes:
+            self.procs.check_alive(path.key + " node B", b)
+        L = ["# sockmesh benchmark: small DATA frames", "",
+             "%s · %s · %d CPUs · kernel %s · load average at start %.1f, at end %.1f" % (
+                 datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), cpu_model(), os.cpu_count(),
+                 platform.release(), self.load_start, os.getloadavg()[0]), ""]
+        L += self.small_frames_report(small)
+        L += ["", "nghttpx gets sockmesh's h2 windows (%d MiB stream, %d MiB connection) and %d "
+              "worker(s); sockmesh runs with --log-level warn." % (
+                  H2_STREAM_WINDOW // MiB, H2_CONNECTION_WINDOW // MiB, o.offshelf_workers)]
+        return "\n".join(L) + "\n", {"small_frames": small}
 
     # -- report ---------------------------------------------------------------------------
 
@@ -715,7 +831,15 @@ def parse_args(argv):
                     help="also run the sockmesh-proxy of this build dir as row (b′), same run")
     ap.add_argument("--keep-tmp", action="store_true", help="keep configs and logs")
     ap.add_argument("--server-name", default="offshelf.bench.local")
+    ap.add_argument("--small-frames", dest="small_frames_only", action="store_true",
+                    help="only the small-DATA-frame row: frames/s into sockmesh's inbound and "
+                         "into nghttpx -s (table in bench/results/small-frames.md)")
+    ap.add_argument("--frames", type=int, help="DATA frames per small-frame run")
+    ap.add_argument("--frame-bytes", type=int, default=16, help="bytes per small DATA frame")
     o = ap.parse_args(argv)
+    if o.small_frames_only and o.out == os.path.join(ROOT, "bench", "results", "latest.md"):
+        o.out = os.path.join(ROOT, "bench", "results", "small-frames.md")
+    o.frames = o.frames or (1000000 if o.quick else 4000000)
     o.offshelf = [x for x in o.offshelf.split(",") if x]
     if o.quick:
         o.single_bytes, o.parallel_bytes, o.iters, o.pp_warmup = 256 * MiB, 512 * MiB, 3000, 300

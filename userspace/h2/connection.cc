@@ -129,14 +129,17 @@ void H2Stream::set_handlers(Handlers handlers) {
   handlers_ = std::move(handlers);
   if (closed_) return;
   auto self = shared_from_this();  // a handler may drop the last other reference
-  if (handlers_.on_data) {
-    auto early = std::move(early_data_);
-    early_data_.clear();
-    early_bytes_ = 0;
+  if (handlers_.on_data && !early_data_.empty()) {
+    ByteQueue early = std::move(early_data_);
     // The consumer calls consume(n) for these like for any other received bytes.
-    for (const auto& chunk : early) {
-      if (closed_ || !handlers_.on_data) break;
-      handlers_.on_data(chunk.data(), chunk.size());
+    while (!early.empty() && !closed_ && handlers_.on_data) {
+      auto run = early.front();
+      handlers_.on_data(run.data(), run.size());
+      early.consume(run.size());
+    }
+    if (!closed_ && handlers_.on_batch_end) {
+      auto on_batch_end = handlers_.on_batch_end;
+      on_batch_end();
     }
   }
   if (early_end_ && !closed_ && handlers_.on_end) {
@@ -147,16 +150,16 @@ void H2Stream::set_handlers(Handlers handlers) {
 }
 
 void H2Stream::drop_early_data() {
-  if (early_bytes_ == 0) return;
+  size_t n = early_data_.size();
+  if (n == 0) return;
   // Nobody will consume these bytes: give their windows back (only the connection's once the
   // stream is closed).
   if (closed_) {
-    nghttp2_session_consume_connection(connection_->session(), early_bytes_);
+    nghttp2_session_consume_connection(connection_->session(), n);
   } else {
-    nghttp2_session_consume(connection_->session(), id_, early_bytes_);
+    nghttp2_session_consume(connection_->session(), id_, n);
   }
   early_data_.clear();
-  early_bytes_ = 0;
   connection_->schedule_write();
 }
 
@@ -164,7 +167,16 @@ bool H2Stream::send(Bytes chunk) {
   if (closed_ || finish_requested_) return false;
   if (chunk.empty()) return true;
   queued_bytes_ += chunk.size();
-  send_queue_.push_back(std::move(chunk));
+  // A small chunk goes into the spare room of the one queued last when it fits (a chunk is
+  // usually a whole read buffer): an application that writes a byte at a time behind a closed
+  // window then costs its bytes here, not a read buffer per byte. Appending within capacity
+  // moves nothing, so the front may be in the middle of a frame.
+  if (chunk.size() <= kCoalesceBytes && !send_queue_.empty() &&
+      send_queue_.back().capacity() - send_queue_.back().size() >= chunk.size()) {
+    append(send_queue_.back(), chunk.data(), chunk.size());
+  } else {
+    send_queue_.push_back(std::move(chunk));
+  }
   if (data_deferred_) {
     data_deferred_ = false;
     nghttp2_session_resume_data(connection_->session(), id_);
@@ -487,6 +499,9 @@ void H2Connection::on_readable() {
       ping_outstanding_ = false;
       ++in_nghttp2_;
       ssize_t rv = nghttp2_session_mem_recv(session_, read_buf_.data(), plain);
+      // Still counted as inside nghttp2: the window updates of what the streams write now go
+      // out in the one write below.
+      end_read_batch();
       --in_nghttp2_;
       if (rv < 0) {
         SM_WARN("h2") << "protocol error from peer: " << nghttp2_strerror(static_cast<int>(rv));
@@ -520,6 +535,21 @@ void H2Connection::on_readable() {
     self->reading_ = false;
     if (!self->closed_) self->on_readable();
   });
+}
+
+void H2Connection::end_read_batch() {
+  auto streams = std::move(batch_streams_);
+  batch_streams_.clear();
+  for (auto& stream : streams) {
+    stream->in_read_batch_ = false;
+    if (stream->closed_ || !stream->handlers_.on_batch_end) continue;
+    auto on_batch_end = stream->handlers_.on_batch_end;  // it may replace the handlers
+    on_batch_end();
+  }
+  if (batch_streams_.empty()) {  // keep the vector's capacity for the next read
+    streams.clear();
+    batch_streams_.swap(streams);
+  }
 }
 
 void H2Connection::schedule_write() {
@@ -763,14 +793,17 @@ int H2Connection::on_data_chunk(nghttp2_session*, uint8_t, int32_t stream_id, co
   if (stream != nullptr && self->role_ == Role::kServer && !stream->handlers_.on_data &&
       !stream->refused_) {
     // Not answered yet (the target is still being dialled): keep the bytes for the consumer.
-    stream->early_data_.push_back(bytes_of(data, len));
-    stream->early_bytes_ += len;
+    stream->early_data_.append(data, len);
     return 0;
   }
   if (stream == nullptr || !stream->handlers_.on_data) {
     // Nobody reads this stream (e.g. data after a refusal): give the window back.
     nghttp2_session_consume(self->session_, stream_id, len);
     return 0;
+  }
+  if (!stream->in_read_batch_) {
+    stream->in_read_batch_ = true;
+    self->batch_streams_.push_back(stream->shared_from_this());
   }
   stream->handlers_.on_data(data, len);
   return 0;

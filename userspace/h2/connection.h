@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/byte_queue.h"
 #include "base/bytes.h"
 
 namespace sockmesh::h2 {
@@ -66,6 +67,10 @@ class H2Stream : public std::enable_shared_from_this<H2Stream> {
   struct Handlers {
     // Bytes of a DATA frame. Valid only during the call; call consume(n) once they are gone on.
     std::function<void(const uint8_t* data, size_t len)> on_data;
+    // Every DATA frame of one read from the connection (one TLS read can carry thousands of
+    // small frames) has been handed to on_data: a consumer that queued them writes them on now,
+    // in one go, instead of once per frame.
+    std::function<void()> on_batch_end;
     // The peer sent END_STREAM: no more data will come.
     std::function<void()> on_end;
     // The stream is closed. error_code 0 is a clean close; otherwise an HTTP/2 error code
@@ -79,6 +84,8 @@ class H2Stream : public std::enable_shared_from_this<H2Stream> {
 
   static constexpr size_t kHighWatermark = 1024 * 1024;
   static constexpr size_t kLowWatermark = 256 * 1024;
+  // Chunks up to this size are copied into the send queue's last chunk when they fit there.
+  static constexpr size_t kCoalesceBytes = 64 * 1024;
 
   H2Stream(std::shared_ptr<H2Connection> connection, int32_t id);
 
@@ -124,9 +131,9 @@ class H2Stream : public std::enable_shared_from_this<H2Stream> {
   Request request_;
   Handlers handlers_;
   // Received before any on_data/on_end handler: kept, unconsumed (so the peer's flow-control
-  // windows bound it), until set_handlers() or a final non-2xx answer.
-  std::deque<Bytes> early_data_;
-  size_t early_bytes_ = 0;
+  // windows bound it), until set_handlers() or a final non-2xx answer. Coalesced, so that tiny
+  // frames cost their bytes and not an allocation each.
+  ByteQueue early_data_;
   bool early_end_ = false;
   bool refused_ = false;  // answered with a final non-2xx status: received DATA is dropped
   std::deque<Bytes> send_queue_;
@@ -137,6 +144,7 @@ class H2Stream : public std::enable_shared_from_this<H2Stream> {
   bool want_writable_ = false;
   bool reset_after_response_ = false;
   bool closed_ = false;
+  bool in_read_batch_ = false;  // listed in the connection's batch_streams_
 };
 
 class H2Connection : public std::enable_shared_from_this<H2Connection> {
@@ -200,6 +208,8 @@ class H2Connection : public std::enable_shared_from_this<H2Connection> {
   void take_over_tls();
   void read_loop();
   void on_readable();
+  // Tells every stream that received DATA in this read that the read is over (on_batch_end).
+  void end_read_batch();
   // Waits until the socket is readable or writable, with `busy` set meanwhile, then calls
   // `resume`; a failed wait closes the connection with "<failure>: <reason>".
   void wait_socket(boost::asio::socket_base::wait_type what, bool H2Connection::*busy,
@@ -226,6 +236,8 @@ class H2Connection : public std::enable_shared_from_this<H2Connection> {
   AlignedBytes out_;        // ciphertext not yet sent: [out_pos_, end)
   size_t out_pos_ = 0;
   int in_nghttp2_ = 0;  // >0 while nghttp2 runs our callbacks: no re-entry into mem_send
+  // Streams handed DATA by the current nghttp2_session_mem_recv call, for end_read_batch().
+  std::vector<std::shared_ptr<H2Stream>> batch_streams_;
   bool writing_ = false;  // waiting until the socket takes more
   bool takeover_failed_ = false;
   bool reading_ = false;

@@ -1,13 +1,19 @@
 #include "proxy/tunnel_relay.h"
 
-#include <boost/asio/write.hpp>
+#include <span>
 
 #include "net/sockets.h"
 
 namespace sockmesh::proxy {
 namespace {
 constexpr size_t kReadChunk = 256 * 1024;
-}
+// A DATA frame at least this large is written straight from nghttp2's buffer when nothing is
+// queued: for it the copy into the queue would cost about what batching saves. (16 KiB is the
+// frame size most HTTP/2 peers send by default.)
+constexpr size_t kDirectWriteBytes = 16 * 1024;
+// Queued runs per gather write: 1 MiB of 64 KiB chunks, more than a socket buffer takes at once.
+constexpr size_t kGatherRuns = 16;
+}  // namespace
 
 TunnelRelay::TunnelRelay(std::shared_ptr<Tcp::socket> socket,
                          std::shared_ptr<h2::H2Stream> stream)
@@ -34,6 +40,7 @@ void TunnelRelay::attach() {
   auto self = shared_from_this();
   h2::H2Stream::Handlers h;
   h.on_data = [self](const uint8_t* data, size_t len) { self->on_stream_data(data, len); };
+  h.on_batch_end = [self] { self->write_socket(); };
   h.on_end = [self] { self->on_stream_end(); };
   h.on_close = [self](uint32_t code) { self->on_stream_close(code); };
   h.on_writable = [self] {
@@ -94,7 +101,7 @@ void TunnelRelay::on_stream_data(const uint8_t* data, size_t len) {
     stream_->consume(len);
     return;
   }
-  if (started_ && !writing_ && pending_.empty()) {
+  if (started_ && !writing_ && pending_.empty() && len >= kDirectWriteBytes) {
     // Usually the socket has room: write straight from nghttp2's buffer, no copy.
     boost::system::error_code ec;
     size_t n = socket_.write_some(boost::asio::buffer(data, len), ec);
@@ -103,50 +110,62 @@ void TunnelRelay::on_stream_data(const uint8_t* data, size_t len) {
       return;
     }
     if (!ec) {
-      result_.bytes_to_socket += n;
-      if (progress_) progress_(false, n);
-      stream_->consume(n);
+      wrote_to_socket(n);
       data += n;
       len -= n;
       if (len == 0) return;
     }
   }
-  pending_.push_back(bytes_of(data, len));
-  write_socket();
+  // Written with the rest of this read's frames at on_batch_end (or when the socket takes more).
+  pending_.append(data, len);
+}
+
+void TunnelRelay::wrote_to_socket(size_t n) {
+  result_.bytes_to_socket += n;
+  if (progress_) progress_(false, n);
+  // Only now may the peer send more: the window follows what the application has taken.
+  stream_->consume(n);
 }
 
 void TunnelRelay::write_socket() {
   if (!started_ || writing_ || finished_) return;
-  if (pending_.empty()) {
-    if (stream_ended_ && !socket_shut_) {
-      socket_shut_ = true;
-      boost::system::error_code ec;
-      socket_.shutdown(Tcp::socket::shutdown_send, ec);
+  while (!pending_.empty()) {
+    std::span<const uint8_t> runs[kGatherRuns];
+    boost::asio::const_buffer bufs[kGatherRuns];
+    size_t count = pending_.gather(runs);
+    for (size_t i = 0; i < count; ++i) {
+      bufs[i] = boost::asio::buffer(runs[i].data(), runs[i].size());
     }
-    maybe_finish();
-    return;
+    boost::system::error_code ec;
+    size_t n = socket_.write_some(std::span<const boost::asio::const_buffer>(bufs, count), ec);
+    if (ec == boost::asio::error::would_block) {
+      writing_ = true;
+      socket_.async_wait(Tcp::socket::wait_write,
+                         [self = shared_from_this()](const boost::system::error_code& wait_ec) {
+                           self->writing_ = false;
+                           if (self->finished_) return;
+                           if (wait_ec) {
+                             self->fail("socket wait: " + wait_ec.message(), true);
+                             return;
+                           }
+                           self->write_socket();
+                         });
+      return;
+    }
+    if (ec) {
+      fail("socket write: " + ec.message(), true);
+      return;
+    }
+    pending_.consume(n);
+    wrote_to_socket(n);
+    if (finished_) return;  // a progress handler may abort the relay
   }
-  writing_ = true;
-  // Write everything queued in one gather write.
-  auto batch = std::make_shared<std::deque<Bytes>>(std::move(pending_));
-  pending_.clear();
-  std::vector<boost::asio::const_buffer> bufs;
-  bufs.reserve(batch->size());
-  for (auto& b : *batch) bufs.emplace_back(b.data(), b.size());
-  boost::asio::async_write(
-      socket_, bufs,
-      [self = shared_from_this(), batch](const boost::system::error_code& ec, size_t n) {
-        self->writing_ = false;
-        if (self->finished_) return;
-        if (ec) {
-          self->fail("socket write: " + ec.message(), true);
-          return;
-        }
-        self->result_.bytes_to_socket += n;
-        if (self->progress_) self->progress_(false, n);
-        self->stream_->consume(n);
-        self->write_socket();
-      });
+  if (stream_ended_ && !socket_shut_) {
+    socket_shut_ = true;
+    boost::system::error_code ec;
+    socket_.shutdown(Tcp::socket::shutdown_send, ec);
+  }
+  maybe_finish();
 }
 
 void TunnelRelay::on_stream_end() {
@@ -185,6 +204,7 @@ void TunnelRelay::fail(const std::string& error, bool reset_stream) {
   if (finished_) return;
   finished_ = true;
   result_.error = error;
+  pending_.clear();  // never to be written: free it now, not when the last handler goes
   net::close_with_reset(socket_);
   if (reset_stream && !stream_closed_) stream_->reset(NGHTTP2_CANCEL);
   if (done_) {

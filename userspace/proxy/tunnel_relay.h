@@ -3,13 +3,16 @@
 // Backpressure runs end to end: the socket is not read while the stream's send queue is above its
 // high watermark, and received DATA is acknowledged to the peer (window reopened) only after it
 // has been written to the socket.
+//
+// Towards the socket, received DATA is queued in a ByteQueue and written with one gather write
+// per read from the HTTP/2 connection (on_batch_end), not one send() per frame: what a tunnel
+// holds and costs follows its bytes, whatever size of frames the peer chooses.
 #include <boost/asio/ip/tcp.hpp>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
-#include <vector>
 
+#include "base/byte_queue.h"
 #include "base/bytes.h"
 #include "h2/connection.h"
 
@@ -38,7 +41,10 @@ class TunnelRelay : public std::enable_shared_from_this<TunnelRelay> {
  private:
   void read_socket();
   void on_stream_data(const uint8_t* data, size_t len);
+  // Writes what is queued until the socket would block (then waits for it), then passes on
+  // END_STREAM as a shutdown once everything is written.
   void write_socket();
+  void wrote_to_socket(size_t n);
   void on_stream_end();
   void on_stream_close(uint32_t error_code);
   void maybe_finish();
@@ -55,8 +61,8 @@ class TunnelRelay : public std::enable_shared_from_this<TunnelRelay> {
   bool socket_eof_ = false;
   bool paused_ = false;
   // stream -> socket
-  std::deque<Bytes> pending_;
-  bool writing_ = false;
+  ByteQueue pending_;
+  bool writing_ = false;  // waiting for the socket to take more
   bool stream_ended_ = false;
   bool socket_shut_ = false;
   bool stream_closed_ = false;
