@@ -1,17 +1,30 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /* sockops + sk_msg on a cgroup v2: the local hop between an app and the proxy skips the TCP/IP
- * stack. Both ends of such a connection go into the SOCKHASH sm_bypass under their own 4-tuple;
- * sk_msg then moves each sendmsg straight into the peer's receive queue (BPF_F_INGRESS).
+ * stack in one direction. Both ends of such a connection go into the SOCKHASH sm_bypass under their
+ * own (netns, 4-tuple); sk_msg then moves each sendmsg of the app straight into the proxy socket's
+ * receive queue (BPF_F_INGRESS).
  *
- * Which sockets go in (sockets whose peer is not local must stay out: in the SOCKHASH a blocking
- * recv() can fail with EAGAIN when the sockmap receive path wakes on unrelated events):
- *   active side  the proxy's sockets marked SM_MARK_LOCAL_HOP (its hop to the app), and app
- *                sockets of an enrolled, captured workload (tc hands them to the proxy);
- *   passive side only when its active peer was inserted (it left a note in sm_await_peer).
+ * The pairing rule: two sockets are paired only when they are provably the two ends of one
+ * connection in one network namespace. The active end proves it by being established in the
+ * cgroup (sockops ran for it) and by being a socket that talks to a local peer: the proxy's sockets
+ * marked SM_MARK_LOCAL_HOP, or an app socket of an enrolled workload whose record names this very
+ * netns. It leaves a note in sm_await_peer under its (netns, 4-tuple). The passive end joins only
+ * if it finds a fresh note under the reversed tuple in its own netns. Anything else stays on the
+ * stack (sockets whose peer is not local must stay out: in the SOCKHASH a blocking recv() can fail
+ * with EAGAIN when the sockmap receive path wakes on unrelated events). Notes are removed when
+ * consumed, when their socket closes, and are refused when older than SM_AWAIT_PEER_LIFETIME_NS.
+ *
+ * Only the app's sends are redirected. The proxy's sends towards the app go through the stack, so
+ * that the app's receive queue is TCP's: an app that closes with unread data sends RST as it would
+ * without the mesh (bytes redirected into a socket's ingress queue are not counted as unread at
+ * close, and the close would be a FIN), and the app's receive window bounds what the proxy queues
+ * towards it (redirected bytes are queued without limit).
  *
  * It is an acceleration: whenever the redirect misses, the send goes through the stack (SK_PASS)
  * and is counted; that socket then stays on the stack path (sm_stack_flows), so that bytes sent
- * later cannot overtake bytes still queued in the peer's normal receive queue. */
+ * later cannot overtake bytes still queued in the peer's normal receive queue. The proxy also puts
+ * a flow there when it stops reading from it (its send side is blocked): from then on the app's
+ * bytes meet TCP's flow control instead of piling up in the proxy socket's ingress queue. */
 #include "lib/maps.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -20,6 +33,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 const volatile bool cfg_bypass = true; /* false: sockops inserts nothing, sk_msg always passes */
 
 static __always_inline void sm_flow_reverse(const struct sm_flow_key* in, struct sm_flow_key* out) {
+  out->netns = in->netns;
   out->local = in->remote;
   out->remote = in->local;
   out->local_port = in->remote_port;
@@ -45,6 +59,7 @@ static __always_inline int sm_flow_from_sockops(struct bpf_sock_ops* ops, struct
   }
   key->local_port = (__u16)ops->local_port;
   key->remote_port = (__u16)bpf_ntohl(ops->remote_port);
+  key->netns = bpf_get_netns_cookie(ops);
   return 0;
 }
 
@@ -64,6 +79,7 @@ static __always_inline int sm_flow_from_msg(struct sk_msg_md* msg, struct sm_flo
   }
   key->local_port = (__u16)msg->local_port;
   key->remote_port = (__u16)bpf_ntohl(msg->remote_port);
+  key->netns = bpf_get_netns_cookie(msg);
   return 0;
 }
 
@@ -74,18 +90,38 @@ static __always_inline bool sm_active_has_local_peer(struct bpf_sock_ops* ops,
   if (!sk) return false;
   __u32 mark = sk->mark;
   if (mark & SM_MARK_PROXY) return (mark & SM_MARK_LOCAL_HOP) != 0;
-  /* An app socket: if its workload is enrolled, tc gave its SYN to the proxy in the pod. */
+  /* An app socket: if its workload is enrolled, tc gave its SYN to the proxy in the pod. A socket
+   * with the workload's address in another netns (a host process, another pod) is not that app. */
   struct sm_workload* wl = sm_workload_of(&key->local);
-  return wl && (wl->flags & SM_WL_ENROLLED);
+  if (!wl || !(wl->flags & SM_WL_ENROLLED)) return false;
+  if (wl->netns_cookie != key->netns) {
+    sm_count(SM_CNT_BYPASS_REFUSED);
+    return false;
+  }
+  return true;
 }
 
-/* Whether a passively opened socket's peer is local: its active end left a note. */
+/* Whether a passively opened socket's peer is local: its active end left a fresh note in this
+ * netns. */
 static __always_inline bool sm_passive_has_local_peer(const struct sm_flow_key* key) {
   struct sm_flow_key peer_key;
   sm_flow_reverse(key, &peer_key);
-  if (!bpf_map_lookup_elem(&sm_await_peer, &peer_key)) return false;
-  bpf_map_delete_elem(&sm_await_peer, &peer_key);
-  return true;
+  struct sm_peer_note* note = bpf_map_lookup_elem(&sm_await_peer, &peer_key);
+  if (note) {
+    __u64 age = bpf_ktime_get_ns() - note->created_ns;
+    bpf_map_delete_elem(&sm_await_peer, &peer_key);
+    if (age <= SM_AWAIT_PEER_LIFETIME_NS) return true;
+    sm_count(SM_CNT_BYPASS_REFUSED);
+    return false;
+  }
+  /* No note is normal for a peer elsewhere. A peer with the address of an enrolled app of this
+   * very netns that left none is a socket outside the pod's cgroup (or one established before the
+   * bypass): it is not paired, and that is worth counting. */
+  struct sm_workload* wl = sm_workload_of(&key->remote);
+  if (wl && (wl->flags & SM_WL_ENROLLED) && wl->netns_cookie == key->netns) {
+    sm_count(SM_CNT_BYPASS_REFUSED);
+  }
+  return false;
 }
 
 static __always_inline bool sm_insert(struct bpf_sock_ops* ops, struct sm_flow_key* key) {
@@ -96,7 +132,18 @@ static __always_inline bool sm_insert(struct bpf_sock_ops* ops, struct sm_flow_k
     return false;
   }
   sm_count(SM_CNT_SOCKOPS_INSERTED);
+  /* Told when it closes, so that its note and pinning go with it. */
+  bpf_sock_ops_cb_flags_set(ops, BPF_SOCK_OPS_STATE_CB_FLAG);
   return true;
+}
+
+/* A socket of ours closed: nothing keyed by its flow may outlive it (the 4-tuple can be reused at
+ * once by a new connection). Its SOCKHASH entry the kernel removes itself. */
+static __always_inline void sm_forget(struct bpf_sock_ops* ops) {
+  struct sm_flow_key key = {};
+  if (sm_flow_from_sockops(ops, &key) < 0) return;
+  if (bpf_map_delete_elem(&sm_await_peer, &key) == 0) sm_count(SM_CNT_BYPASS_NOTES_EXPIRED);
+  bpf_map_delete_elem(&sm_stack_flows, &key);
 }
 
 SEC("sockops")
@@ -108,11 +155,13 @@ int sm_sockops(struct bpf_sock_ops* ops) {
     if (sm_flow_from_sockops(ops, &key) < 0 || !sm_active_has_local_peer(ops, &key)) return 1;
     /* ACTIVE_ESTABLISHED runs before the handshake's last ACK leaves, so the note is there
      * before the passive side looks for it. */
-    __u32 one = 1;
-    if (sm_insert(ops, &key)) bpf_map_update_elem(&sm_await_peer, &key, &one, BPF_ANY);
+    struct sm_peer_note note = {.created_ns = bpf_ktime_get_ns()};
+    if (sm_insert(ops, &key)) bpf_map_update_elem(&sm_await_peer, &key, &note, BPF_ANY);
   } else if (op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB) {
     if (sm_flow_from_sockops(ops, &key) < 0 || !sm_passive_has_local_peer(&key)) return 1;
     sm_insert(ops, &key);
+  } else if (op == BPF_SOCK_OPS_STATE_CB) {
+    if (ops->args[1] == BPF_TCP_CLOSE) sm_forget(ops);
   }
   return 1;
 }
@@ -120,6 +169,12 @@ int sm_sockops(struct bpf_sock_ops* ops) {
 SEC("sk_msg")
 int sm_sk_msg(struct sk_msg_md* msg) {
   if (!cfg_bypass) return SK_PASS;
+  /* The proxy's sends keep TCP's semantics for the app (see the top of this file). */
+  struct bpf_sock* sk = msg->sk;
+  if (sk && (sk->mark & SM_MARK_PROXY)) {
+    sm_count(SM_CNT_PROXY_STACK_SENDS);
+    return SK_PASS;
+  }
   struct sm_flow_key own = {};
   if (sm_flow_from_msg(msg, &own) < 0) return SK_PASS;
   if (bpf_map_lookup_elem(&sm_stack_flows, &own)) {

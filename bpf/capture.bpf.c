@@ -11,8 +11,15 @@
  * plaintext listener (15006). HBONE (15008), known flows and SYNs from the node's own addresses
  * (sm_node_addrs: the kubelet's probes) pass untouched.
  *
+ * A SYN whose 4-tuple is held by a TIME_WAIT socket (one of the proxy's own sockets in the pod,
+ * which closed first) is not assigned: the listener would drop it as a duplicate of the TIME_WAIT
+ * entry, and the client would hang until TIME_WAIT ends. It goes to the TIME_WAIT socket instead,
+ * which, as for any SYN that reuses a tuple, ends itself and asks for a listener; sm_sk_lookup
+ * answers that lookup with the proxy's listener, so the SYN is captured as a new connection.
+ *
  * Counters: each program run counts exactly one decision (see enum sm_counter). */
 #include "lib/packet.h"
+#include "lib/rules.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -62,6 +69,27 @@ static __always_inline int sm_assign_to_listener(struct __sk_buff* skb, const st
     return cfg_fail_open ? SM_TC_ACT_OK : SM_TC_ACT_SHOT;
   }
   sm_count(captured);
+  return SM_TC_ACT_OK;
+}
+
+/* A SYN that meets a TIME_WAIT socket of its tuple: to the stack, where the TIME_WAIT socket yields
+ * to the listener sm_sk_lookup picks (see the top of this file), as long as there is one. */
+static __always_inline int sm_pass_to_time_wait(const struct sm_packet* pkt,
+                                                const struct sm_workload* pod,
+                                                const struct sm_ip* pod_ip, __u32 kind) {
+  struct sm_listener_key key = {.ip = *pod_ip, .kind = kind};
+  struct bpf_sock* listener = bpf_map_lookup_elem(&sm_listeners, &key);
+  if (!listener) return sm_no_listener();
+  bpf_sk_release(listener);
+  /* tc runs in the pod's netns, whose cookie its record carries (sk_lookup is told its own). */
+  struct sm_flow_key flow = {.netns = pod->netns_cookie,
+                             .local = pkt->dst,
+                             .remote = pkt->src,
+                             .local_port = pkt->dport,
+                             .remote_port = pkt->sport};
+  struct sm_time_wait_syn note = {.kind = kind, .created_ns = bpf_ktime_get_ns()};
+  bpf_map_update_elem(&sm_tw_syns, &flow, &note, BPF_ANY);
+  sm_count(SM_CNT_TIME_WAIT_SYN);
   return SM_TC_ACT_OK;
 }
 
@@ -117,7 +145,8 @@ int sm_tc_egress(struct __sk_buff* skb) {
 }
 
 static __always_inline int sm_ingress_bounced(struct __sk_buff* skb, struct sm_packet* pkt) {
-  if (!sm_tcp_flags_is_syn(pkt->tcp_flags) || sm_flow_is_known(sm_known_socket_state(skb, pkt))) {
+  int state = sm_tcp_flags_is_syn(pkt->tcp_flags) ? sm_known_socket_state(skb, pkt) : 0;
+  if (!sm_tcp_flags_is_syn(pkt->tcp_flags) || sm_flow_is_known(state)) {
     /* Keeps SM_MARK_BOUNCED: the fwmark rule delivers it locally. */
     sm_count(SM_CNT_PASSED);
     return SM_TC_ACT_OK;
@@ -127,11 +156,10 @@ static __always_inline int sm_ingress_bounced(struct __sk_buff* skb, struct sm_p
     sm_count(SM_CNT_NOT_ENROLLED);
     return SM_TC_ACT_OK;
   }
+  if (state == BPF_TCP_TIME_WAIT) {
+    return sm_pass_to_time_wait(pkt, wl, &pkt->src, SM_LISTENER_OUTBOUND);
+  }
   return sm_assign_to_listener(skb, &pkt->src, SM_LISTENER_OUTBOUND, SM_CNT_CAPTURED_OUTBOUND);
-}
-
-static __always_inline bool sm_is_proxy_port(__u16 port) {
-  return port == SM_PORT_HBONE || port == SM_PORT_OUTBOUND || port == SM_PORT_INBOUND_PLAIN;
 }
 
 static __always_inline int sm_ingress_from_wire(struct __sk_buff* skb, struct sm_packet* pkt) {
@@ -146,15 +174,18 @@ static __always_inline int sm_ingress_from_wire(struct __sk_buff* skb, struct sm
     return SM_TC_ACT_OK;
   }
   /* The app's own listener is found here too; it is a listener, so the flow is new. */
-  if (sm_flow_is_known(sm_known_socket_state(skb, pkt))) {
+  int state = sm_known_socket_state(skb, pkt);
+  if (sm_flow_is_known(state)) {
     sm_count(SM_CNT_PASSED);
     return SM_TC_ACT_OK;
   }
   /* From the node itself (the kubelet's probes): straight to the app. */
-  __u32* node = bpf_map_lookup_elem(&sm_node_addrs, &pkt->src);
-  if (node && (*node & SM_NODE_ADDR_EXEMPT)) {
+  if (sm_is_node_exempt(&pkt->src)) {
     sm_count(SM_CNT_NODE_EXEMPT);
     return SM_TC_ACT_OK;
+  }
+  if (state == BPF_TCP_TIME_WAIT) {
+    return sm_pass_to_time_wait(pkt, wl, &pkt->dst, SM_LISTENER_INBOUND_PLAIN);
   }
   return sm_assign_to_listener(skb, &pkt->dst, SM_LISTENER_INBOUND_PLAIN, SM_CNT_CAPTURED_INBOUND);
 }

@@ -54,9 +54,11 @@ struct {
   __uint(pinning, LIBBPF_PIN_BY_NAME);
 } sm_bypass SEC(".maps");
 
-/* Sockets that sent through the stack once (their peer was not yet in sm_bypass): they keep doing
- * so, because bytes redirected later would overtake the ones still queued in the peer's normal
- * receive queue (the sockmap queue is read first). LRU: entries of closed sockets age out. */
+/* Sockets that sent through the stack once (their peer was not yet in sm_bypass), or whose proxy
+ * end stopped reading (the proxy writes those): they keep sending through the stack, because bytes
+ * redirected later would overtake the ones still queued in the peer's normal receive queue (the
+ * sockmap queue is read first). Entries go when their socket closes (sockops STATE_CB); LRU bounds
+ * the rest. */
 struct {
   __uint(type, BPF_MAP_TYPE_LRU_HASH);
   __uint(max_entries, SM_MAX_STACK_FLOWS);
@@ -66,16 +68,28 @@ struct {
 } sm_stack_flows SEC(".maps");
 
 /* Active ends inserted into sm_bypass whose passive peer has not been established yet: the passive
- * side goes into sm_bypass only if it finds (and consumes) its peer here. A separate map because
- * sockops may not look sockets up in a SOCKHASH (it cannot release the reference). LRU: an entry
- * whose peer never shows up ages out. */
+ * side goes into sm_bypass only if it finds (and consumes) a fresh note of its peer here. A
+ * separate map because sockops may not look sockets up in a SOCKHASH (it cannot release the
+ * reference). Entries go when consumed or when their socket closes (sockops STATE_CB); LRU bounds
+ * the rest. */
 struct {
   __uint(type, BPF_MAP_TYPE_LRU_HASH);
   __uint(max_entries, SM_MAX_AWAIT_PEER);
   __type(key, struct sm_flow_key);
-  __type(value, __u32);
+  __type(value, struct sm_peer_note);
   __uint(pinning, LIBBPF_PIN_BY_NAME);
 } sm_await_peer SEC(".maps");
+
+/* SYNs tc handed to a TIME_WAIT socket, for sm_sk_lookup (lookup.bpf.c) to give to the proxy's
+ * listener. LRU: an entry whose lookup never came (the TIME_WAIT socket refused the SYN) ages out.
+ */
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, SM_MAX_TIME_WAIT_SYNS);
+  __type(key, struct sm_flow_key);
+  __type(value, struct sm_time_wait_syn);
+  __uint(pinning, LIBBPF_PIN_BY_NAME);
+} sm_tw_syns SEC(".maps");
 
 static __always_inline void sm_count(enum sm_counter counter) {
   __u32 key = counter;

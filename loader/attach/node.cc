@@ -16,6 +16,7 @@
 #include "capture.skel.h"
 #include "loader/attach/bpffs.h"
 #include "loader/attach/preflight.h"
+#include "loader/attach/sk_lookup.h"
 #include "loader/attach/skeleton.h"
 #include "loader/maps/unique_fd.h"
 #include "loader/maps/workload_map.h"
@@ -27,7 +28,7 @@ using maps::UniqueFd;
 
 constexpr const char* kMapNames[] = {SM_MAP_WORKLOADS, SM_MAP_LISTENERS,   SM_MAP_COUNTERS,
                                      SM_MAP_BYPASS,    SM_MAP_STACK_FLOWS, SM_MAP_AWAIT_PEER,
-                                     SM_MAP_NODE_ADDRS};
+                                     SM_MAP_NODE_ADDRS, SM_MAP_TIME_WAIT_SYNS};
 constexpr const char* kProgramNames[] = {kProgTcEgress, kProgTcIngress, kProgSockops, kProgSkMsg};
 
 bool exists(const std::string& path) {
@@ -344,6 +345,8 @@ Status uninstall(const std::string& pin_root, bool force) {
     return {};
   };
   if (auto s = remove(link_path); !s) return s;
+  // The pods' sk_lookup links (enroll pins one per pod netns); unpinned, each detaches.
+  if (auto s = remove_pod_lookup_links(pin_root); !s) return s;
   for (const char* p : kProgramNames) {
     if (auto s = remove(program_pin(pin_root, p)); !s) return s;
     if (auto s = remove(program_pin(pin_root, p) + "_next"); !s) return s;

@@ -14,6 +14,7 @@
 #include "loader/attach/netns.h"
 #include "loader/attach/node.h"
 #include "loader/attach/preflight.h"
+#include "loader/attach/sk_lookup.h"
 #include "loader/attach/tc.h"
 #include "loader/maps/unique_fd.h"
 #include "sockmesh/consts.h"
@@ -150,6 +151,19 @@ Result<EnrollReport> enroll(const std::string& pin_root, const PodSpec& pod) {
         before->egress_id != after->egress_id) {
       report.changes.push_back("tc capture on " + pod.ifname);
     }
+    // A reconnect that meets one of the proxy's TIME_WAIT sockets needs sk_lookup; without it
+    // (no cookie to name the link by), such a SYN waits for TIME_WAIT to end.
+    if (report.netns_cookie != 0) {
+      auto netns = open_netns(pod.netns_path);
+      if (!netns) return netns.error();
+      auto lookup = attach_pod_lookup(pin_root, netns->get(), report.netns_cookie);
+      if (!lookup) {
+        return Error{lookup.error().code, lookup.error().message +
+                                              " (routing and tc are set up already; "
+                                              "unenroll undoes them)"};
+      }
+      if (*lookup) report.changes.push_back("sk_lookup in the pod's netns");
+    }
   }
 
   // Last: the records switch capture on, once routing and tc are in place.
@@ -205,12 +219,18 @@ Result<UnenrollReport> unenroll(const std::string& pin_root, const std::string& 
   auto all = workloads->list();
   if (!all) return all.error();
   uint32_t loader_flags = 0;
+  std::vector<uint64_t> cookies;  // the netns of the records removed (the pod's, normally one)
+  if (cookie != 0) cookies.push_back(cookie);
   for (const auto& [ip, record] : *all) {
     bool named = std::find(ips.begin(), ips.end(), ip) != ips.end();
     bool same_pod = cookie != 0 && record.netns_cookie == cookie;
     if (!named && !same_pod) continue;
     loader_flags |= record.loader_flags;
     if (!named) targets.push_back(ip);
+    if (record.netns_cookie != 0 &&
+        std::find(cookies.begin(), cookies.end(), record.netns_cookie) == cookies.end()) {
+      cookies.push_back(record.netns_cookie);
+    }
   }
   // First: capture off.
   for (const auto& ip : targets) {
@@ -221,6 +241,11 @@ Result<UnenrollReport> unenroll(const std::string& pin_root, const std::string& 
   if (!report.removed_ips.empty()) {
     report.changes.push_back("removed " + std::to_string(report.removed_ips.size()) +
                              " workload records");
+  }
+  for (uint64_t c : cookies) {
+    auto removed = detach_pod_lookup(pin_root, c);
+    if (!removed) return removed.error();
+    if (*removed) report.changes.push_back("removed the pod's sk_lookup link");
   }
 
   if (scope) {

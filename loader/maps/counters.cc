@@ -30,6 +30,13 @@ constexpr CounterInfo kCounters[] = {
     {"sockops_inserted", "sockets added to the bypass SOCKHASH"},
     {"sockops_insert_failed", "sockets the kernel refused to add to the bypass SOCKHASH"},
     {"node_exempt", "inbound SYNs from the node's own addresses (kubelet probes), not captured"},
+    {"bypass_refused", "sockets not paired for the bypass: their peer was not proven (stale note, "
+                       "other netns, or a local app's address without a note)"},
+    {"proxy_stack_sends", "the proxy's sends to an app, kept on the stack (TCP's close and window "
+                          "semantics for the app)"},
+    {"bypass_notes_expired", "pairing notes removed because their socket closed unpaired"},
+    {"time_wait_syn", "SYNs to capture whose tuple a TIME_WAIT socket held (handed to it)"},
+    {"time_wait_reused", "SYNs that reused a TIME_WAIT tuple, given to the proxy's listener"},
 };
 static_assert(std::size(kCounters) == SM_CNT_COUNT, "name every enum sm_counter value");
 

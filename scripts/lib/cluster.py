@@ -286,10 +286,11 @@ class Pod:
     def __repr__(self):
         return "%s/%s (%s on %s)" % (self.namespace, self.name, self.ip, self.node.name)
 
-    def sh(self, argv, timeout=30, check=True, input=None):
-        """Runs a command in the pod (its netns and cgroup) and returns its output."""
+    def sh(self, argv, timeout=30, check=True, input=None, in_cgroup=True):
+        """Runs a command in the pod (its netns and cgroup) and returns its output. With
+        in_cgroup=False, in its netns only (as `nsenter --net` alone would)."""
         cmd = ["nsenter", "--net=" + self.netns_path] + argv
-        if not os.path.isdir(self.cgroup):
+        if not in_cgroup or not os.path.isdir(self.cgroup):
             return run(cmd, timeout=timeout, check=check, input=input)
 
         def pre():
@@ -305,6 +306,12 @@ class Pod:
             raise ClusterError("in %s: %s failed (exit %d): %s" % (
                 self, " ".join(argv), r.returncode, r.stdout.strip()))
         return r.stdout
+
+    def shell_command(self, command):
+        """A shell command line that runs `command` as the pod's processes run: in its netns and
+        in its cgroup (sockops, and so the bypass, applies to the cgroup)."""
+        return "sh -c 'echo $$ > %s/cgroup.procs && exec nsenter --net=%s %s'" % (
+            self.cgroup, self.netns_path, command)
 
     def spawn(self, name, argv):
         """Starts a long-running process in the pod; stopped when the pod or cluster goes."""

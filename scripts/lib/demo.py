@@ -214,9 +214,11 @@ def demo(keep):
         if keep:
             step("left running (--keep)")
             say("cluster %s, files in %s" % (c.id, c.work))
-            say("a shell in a pod:     nsenter --net=%s bash" % client.netns_path)
-            say("send from the client: nsenter --net=%s /usr/bin/python3 %s client --target "
-                "%s:80" % (client.netns_path, C.PODAPP, C.ECHO_VIP))
+            # In the pod's netns AND its cgroup, as the pod's own processes run: a process in
+            # the netns alone is outside the cgroup where sockops runs, so it gets no bypass.
+            say("a shell in a pod:     %s" % client.shell_command("bash"))
+            say("send from the client: %s" % client.shell_command(
+                "/usr/bin/python3 %s client --target %s:80" % (C.PODAPP, C.ECHO_VIP)))
             say("admin of node-a:      nsenter --net=%s curl -s localhost:15000/config_dump"
                 % a.netns_path)
             say("metrics of node-b:    nsenter --net=%s curl -s localhost:15020/metrics"

@@ -43,7 +43,11 @@
 #define SM_MAX_BYPASS_SOCKETS 65536
 #define SM_MAX_STACK_FLOWS 16384
 #define SM_MAX_AWAIT_PEER 4096
+/* How long a pairing note (sm_await_peer) may wait for its passive end: a local handshake's last ACK
+ * arrives within microseconds, so anything older belongs to another connection. */
+#define SM_AWAIT_PEER_LIFETIME_NS 1000000000ull
 #define SM_MAX_NODE_ADDRS 256
+#define SM_MAX_TIME_WAIT_SYNS 4096
 
 /* Map names: BPF object names (at most 15 characters) and the file names under the pin root. */
 #define SM_MAP_WORKLOADS "sm_workloads"
@@ -53,6 +57,7 @@
 #define SM_MAP_STACK_FLOWS "sm_stack_flows"
 #define SM_MAP_AWAIT_PEER "sm_await_peer"
 #define SM_MAP_NODE_ADDRS "sm_node_addrs"
+#define SM_MAP_TIME_WAIT_SYNS "sm_tw_syns"
 
 /* Default pin root; programs and links are pinned in subdirectories of it. */
 #define SM_PIN_ROOT_DEFAULT "/sys/fs/bpf/sockmesh"

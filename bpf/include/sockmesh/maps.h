@@ -48,13 +48,34 @@ struct sm_listener_key {
   __u32 kind; /* enum sm_listener_kind */
 };
 
-/* Key of SM_MAP_BYPASS (a SOCKHASH of connected sockets) and of SM_MAP_STACK_FLOWS: one end of a
- * TCP connection, from that socket's point of view. Ports in host order. */
+/* Key of SM_MAP_BYPASS (a SOCKHASH of connected sockets), SM_MAP_STACK_FLOWS and
+ * SM_MAP_AWAIT_PEER: one end of a TCP connection, from that socket's point of view, in its network
+ * namespace (bpf_get_netns_cookie()). Two pods can hold connections with the same 4-tuple; the
+ * namespace keeps their sockets apart. Ports in host order; `reserved` is always zero. */
 struct sm_flow_key {
+  __u64 netns;
   struct sm_ip local;
   struct sm_ip remote;
   __u16 local_port;
   __u16 remote_port;
+  __u32 reserved;
+};
+
+/* Value of SM_MAP_AWAIT_PEER: when the active end was established. A passive end pairs with it only
+ * within SM_AWAIT_PEER_LIFETIME_NS (a local handshake takes microseconds); an older note is stale,
+ * removed and counted as a refused pairing. */
+struct sm_peer_note {
+  __u64 created_ns; /* bpf_ktime_get_ns() */
+};
+
+/* Value of SM_MAP_TIME_WAIT_SYNS (LRU hash keyed by struct sm_flow_key, from the listener's side:
+ * local = the SYN's destination): a SYN that tc handed to a TIME_WAIT socket of its tuple, and the
+ * proxy listener (enum sm_listener_kind) that sm_sk_lookup is to give it. Consumed by that lookup,
+ * microseconds later; an entry older than SM_AWAIT_PEER_LIFETIME_NS is ignored. */
+struct sm_time_wait_syn {
+  __u32 kind;
+  __u32 reserved;
+  __u64 created_ns;
 };
 
 /* SM_MAP_NODE_ADDRS: the node's own addresses (key struct sm_ip, value __u32 SM_NODE_ADDR_*).
@@ -80,6 +101,17 @@ enum sm_counter {
   SM_CNT_SOCKOPS_INSERTED,      /* sockets added to the bypass SOCKHASH */
   SM_CNT_SOCKOPS_INSERT_FAILED, /* sockets the kernel refused to add */
   SM_CNT_NODE_EXEMPT,           /* inbound SYNs from the node's own addresses, not captured */
+  SM_CNT_BYPASS_REFUSED,        /* sockets not paired: their peer could not be proven to be the
+                                   other end in the same netns (stale note, netns mismatch, or a
+                                   socket claiming a local app's address that left no note) */
+  SM_CNT_PROXY_STACK_SENDS,     /* the proxy's sendmsg towards an app, kept on the stack so that
+                                   the app's receive queue is TCP's (close with unread data = RST,
+                                   and the app's receive window bounds what the proxy queues) */
+  SM_CNT_BYPASS_NOTES_EXPIRED,  /* pairing notes removed because their socket closed unpaired */
+  SM_CNT_TIME_WAIT_SYN,         /* SYNs to capture whose tuple a TIME_WAIT socket held: passed to
+                                   it, so that it yields to the proxy's listener (sm_sk_lookup) */
+  SM_CNT_TIME_WAIT_REUSED,      /* listener lookups sm_sk_lookup answered with the proxy's listener
+                                   (a SYN that reused the tuple of a TIME_WAIT socket) */
   SM_CNT_COUNT,
 };
 
@@ -90,5 +122,8 @@ SM_STATIC_ASSERT(__builtin_offsetof(struct sm_workload, flags) == 640, "sm_workl
 SM_STATIC_ASSERT(__builtin_offsetof(struct sm_workload, netns_cookie) == 648,
                  "sm_workload.netns_cookie");
 SM_STATIC_ASSERT(sizeof(struct sm_listener_key) == 20, "sm_listener_key is 20 bytes");
-SM_STATIC_ASSERT(sizeof(struct sm_flow_key) == 36, "sm_flow_key is 36 bytes");
+SM_STATIC_ASSERT(sizeof(struct sm_flow_key) == 48, "sm_flow_key is 48 bytes");
+SM_STATIC_ASSERT(__builtin_offsetof(struct sm_flow_key, local_port) == 40, "sm_flow_key ports");
+SM_STATIC_ASSERT(sizeof(struct sm_peer_note) == 8, "sm_peer_note is 8 bytes");
+SM_STATIC_ASSERT(sizeof(struct sm_time_wait_syn) == 16, "sm_time_wait_syn is 16 bytes");
 SM_STATIC_ASSERT(sizeof(enum sm_counter) == 4, "enums are 4 bytes in both languages");

@@ -1,0 +1,359 @@
+#!/usr/bin/python3
+"""TCP semantics probes for a simulated pod: each server and client checks one behaviour of a
+connection (an abort, a reconnect from a used port, backpressure, byte-exact delivery) and prints
+one JSON line per connection. The end-to-end tests run the same probe through every mesh path and
+between pods outside the mesh, and compare. Standard library only; every wait is bounded.
+
+  tcpcheck.py serve --port P --mode MODE [--hold S]
+      abort        read nothing, close after --hold seconds with the request unread (the peer
+                   must see a reset)
+      respond      send --bytes at once, then wait for the client: report whether it ended with
+                   a reset or an EOF, and when ({"event": "peer-ended", "how", "at"})
+      close-first  send 100 bytes and close at once (this side closes first)
+      sink         read nothing for --hold seconds, then read to EOF and answer
+                   {"bytes", "sha256"} as one JSON line (push: the client is the writer)
+      source       write for --hold seconds without a reader (non-blocking), then send a 40-byte
+                   trailer (8-byte count, SHA-256) and close (pull: the server is the writer)
+      echo         echo to EOF, then close
+  tcpcheck.py client --target IP:PORT --mode MODE [...]
+      abort        send --bytes, then wait for the server's close: "reset" or "eof"
+      respond      read one byte of the response and close with the rest unread
+      reconnect    --rounds connections from the same --bind IP:PORT (SO_REUSEADDR), each read to
+                   EOF: the connect time of each
+      churn        --conns short connections (--parallel at a time): connect, read to EOF;
+                   connect times and failures
+      push         write for --hold seconds to a server that does not read, then the rest of
+                   the protocol: written bytes, and whether all arrived intact
+      pull         read nothing for --hold seconds, then read to EOF and check the trailer
+      echo         send --bytes (seeded by --seed), check the echo byte for byte
+"""
+import argparse
+import fcntl
+import hashlib
+import json
+import random
+import select
+import socket
+import struct
+import sys
+import threading
+import time
+
+CHUNK = 65536
+FIONREAD = 0x541B
+
+
+def out(**report):
+    print(json.dumps(report), flush=True)
+
+
+def describe(e):
+    if isinstance(e, ConnectionResetError):
+        return "reset"
+    if isinstance(e, BrokenPipeError):
+        return "broken-pipe"
+    if isinstance(e, socket.timeout):
+        return "timeout"
+    if isinstance(e, ConnectionRefusedError):
+        return "refused"
+    return "%s: %s" % (type(e).__name__, e)
+
+
+def data_of(seed, size):
+    return random.Random(seed).randbytes(size)
+
+
+def write_without_reader(sock, seconds, seed, cap):
+    """Writes non-blocking for `seconds` (or until `cap` bytes); returns (written, sha256 obj)."""
+    sock.setblocking(False)
+    block = data_of(seed, CHUNK)
+    h = hashlib.sha256()
+    written = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and written < cap:
+        try:
+            n = sock.send(block)
+        except BlockingIOError:
+            select.select([], [sock], [], 0.05)
+            continue
+        h.update(block[:n])
+        written += n
+    sock.setblocking(True)
+    return written, h
+
+
+def read_to_eof(sock, timeout):
+    sock.settimeout(timeout)
+    h = hashlib.sha256()
+    total = 0
+    last = b""
+    while True:
+        d = sock.recv(1 << 20)
+        if not d:
+            return total, h, last
+        total += len(d)
+        h.update(d)
+        last = (last + d)[-40:]
+
+
+# ---- servers ----
+
+def serve(args):
+    ls = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind((args.host, args.port))
+    ls.listen(1024)
+    print("listening on %s:%d mode %s" % (args.host, args.port, args.mode), flush=True)
+    deadline = time.monotonic() + args.max_seconds
+    while time.monotonic() < deadline:
+        ls.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            c, peer = ls.accept()
+        except socket.timeout:
+            break
+        threading.Thread(target=serve_one, args=(args, c, peer), daemon=True).start()
+
+
+def serve_one(args, c, peer):
+    peer_text = "%s:%d" % (peer[0], peer[1])
+    try:
+        if args.mode == "abort":
+            time.sleep(args.hold)
+            unread = struct.unpack("i", fcntl.ioctl(c.fileno(), FIONREAD, b"\0\0\0\0"))[0]
+            c.close()
+            out(event="closed-unread", peer=peer_text, unread=unread, at=time.time())
+        elif args.mode == "respond":
+            c.sendall(data_of(1, args.bytes))
+            c.settimeout(args.timeout)
+            try:
+                d = c.recv(CHUNK)
+                how = "data" if d else "eof"
+            except OSError as e:
+                how = describe(e)
+            out(event="peer-ended", peer=peer_text, how=how, at=time.time())
+            c.close()
+        elif args.mode == "close-first":
+            c.sendall(b"x" * 100)
+            c.close()
+        elif args.mode == "sink":
+            time.sleep(args.hold)
+            total, h, _ = read_to_eof(c, args.timeout)
+            c.sendall((json.dumps({"bytes": total, "sha256": h.hexdigest()}) + "\n").encode())
+            c.close()
+        elif args.mode == "source":
+            written, h = write_without_reader(c, args.hold, args.seed, args.cap)
+            c.sendall(struct.pack("!Q", written) + h.digest())
+            c.close()
+            out(event="sourced", peer=peer_text, written=written)
+        elif args.mode == "echo":
+            c.settimeout(args.timeout)
+            while True:
+                d = c.recv(CHUNK)
+                if not d:
+                    break
+                c.sendall(d)
+            c.shutdown(socket.SHUT_WR)
+            c.close()
+    except OSError as e:
+        out(event="error", peer=peer_text, error=describe(e))
+        c.close()
+
+
+# ---- clients ----
+
+def connect(args, bind=None):
+    host, _, port = args.target.rpartition(":")
+    host = host.strip("[]")
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    if bind:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if args.transparent:
+            s.setsockopt(socket.SOL_IP, 19, 1)  # IP_TRANSPARENT
+        bhost, _, bport = bind.rpartition(":")
+        s.bind((bhost.strip("[]"), int(bport)))
+    s.settimeout(args.timeout)
+    t = time.monotonic()
+    s.connect((host, int(port)))
+    return s, time.monotonic() - t
+
+
+def client(args):
+    if args.mode == "abort":
+        s, _ = connect(args)
+        s.sendall(data_of(2, args.bytes))
+        try:
+            d = s.recv(CHUNK)
+            how = "data" if d else "eof"
+        except OSError as e:
+            how = describe(e)
+        out(how=how, at=time.time(), local=s.getsockname()[1])
+        s.close()
+    elif args.mode == "respond":
+        s, _ = connect(args)
+        first = s.recv(1)
+        time.sleep(0.3)  # the rest of the response arrives and stays unread
+        local = s.getsockname()[1]
+        at = time.time()
+        s.close()
+        out(closed_at=at, got=len(first), local=local)
+    elif args.mode == "reconnect":
+        times, errors = [], []
+        for _ in range(args.rounds):
+            try:
+                s, dt = connect(args, bind=args.bind)
+                read_to_eof(s, args.timeout)
+                s.close()
+                times.append(round(dt * 1000, 2))
+            except OSError as e:
+                errors.append(describe(e))
+        out(connect_ms=times, errors=errors)
+    elif args.mode == "churn":
+        churn(args)
+    elif args.mode == "push":
+        s, _ = connect(args)
+        written, h = write_without_reader(s, args.hold, args.seed, args.cap)
+        s.shutdown(socket.SHUT_WR)
+        s.settimeout(args.timeout)
+        line = b""
+        while not line.endswith(b"\n"):
+            d = s.recv(4096)
+            if not d:
+                break
+            line += d
+        got = json.loads(line) if line.endswith(b"\n") else {}
+        out(written=written, received=got.get("bytes"),
+            intact=got.get("bytes") == written and got.get("sha256") == h.hexdigest())
+        s.close()
+    elif args.mode == "pull":
+        s, _ = connect(args)
+        time.sleep(args.hold + 0.5)
+        total, h, _ = read_to_eof_keep_trailer(s, args.timeout)
+        out(**total)
+        s.close()
+    elif args.mode == "echo":
+        s, _ = connect(args, bind=args.bind)
+        data = data_of(args.seed, args.bytes)
+        result = {}
+
+        def reader():
+            try:
+                total, h, _ = read_to_eof(s, args.timeout)
+                result.update(bytes=total, sha=h.hexdigest())
+            except OSError as e:
+                result.update(error=describe(e))
+        t = threading.Thread(target=reader)
+        t.start()
+        for off in range(0, len(data), CHUNK):
+            s.sendall(data[off:off + CHUNK])
+            if args.pace:
+                time.sleep(args.pace)
+        s.shutdown(socket.SHUT_WR)
+        t.join(args.timeout + 5)
+        out(sent=len(data), intact=result.get("sha") == hashlib.sha256(data).hexdigest(),
+            **result)
+        s.close()
+
+
+def read_to_eof_keep_trailer(s, timeout):
+    s.settimeout(timeout)
+    h = hashlib.sha256()
+    pending = b""
+    total = 0
+    while True:
+        d = s.recv(1 << 20)
+        if not d:
+            break
+        pending += d
+        if len(pending) > 40:
+            body, pending = pending[:-40], pending[-40:]
+            h.update(body)
+            total += len(body)
+    if len(pending) != 40:
+        return {"intact": False, "error": "no trailer"}, None, None
+    count = struct.unpack("!Q", pending[:8])[0]
+    return {"written": count, "received": total,
+            "intact": count == total and pending[8:] == h.digest()}, None, None
+
+
+def churn(args):
+    lock = threading.Lock()
+    stats = {"done": 0, "failed": 0, "errors": [], "slow": 0, "max_ms": 0.0}
+    next_index = [0]
+    deadline = time.monotonic() + args.max_seconds
+
+    def worker():
+        while time.monotonic() < deadline:
+            with lock:
+                if next_index[0] >= args.conns:
+                    return
+                next_index[0] += 1
+            try:
+                s, dt = connect(args)
+                read_to_eof(s, args.timeout)
+                s.close()
+                ms = dt * 1000
+                with lock:
+                    stats["done"] += 1
+                    stats["max_ms"] = max(stats["max_ms"], round(ms, 2))
+                    if ms >= 100:
+                        stats["slow"] += 1
+            except OSError as e:
+                with lock:
+                    stats["failed"] += 1
+                    if len(stats["errors"]) < 5:
+                        stats["errors"].append(describe(e))
+    threads = [threading.Thread(target=worker) for _ in range(args.parallel)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stats["elapsed"] = round(time.monotonic() - t0, 2)
+    stats["unstarted"] = args.conns - next_index[0]
+    out(**stats)
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="role", required=True)
+    s = sub.add_parser("serve")
+    s.add_argument("--host", default="0.0.0.0")
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--mode", required=True,
+                   choices=["abort", "respond", "close-first", "sink", "source", "echo"])
+    s.add_argument("--hold", type=float, default=0.3)
+    s.add_argument("--bytes", type=int, default=256 * 1024)
+    s.add_argument("--seed", type=int, default=3)
+    s.add_argument("--cap", type=int, default=128 << 20)
+    s.add_argument("--timeout", type=float, default=20)
+    s.add_argument("--max-seconds", type=float, default=3600)
+    c = sub.add_parser("client")
+    c.add_argument("--target", required=True)
+    c.add_argument("--mode", required=True,
+                   choices=["abort", "respond", "reconnect", "churn", "push", "pull", "echo"])
+    c.add_argument("--bytes", type=int, default=64 * 1024)
+    c.add_argument("--bind", default=None)
+    c.add_argument("--transparent", action="store_true")
+    c.add_argument("--rounds", type=int, default=3)
+    c.add_argument("--conns", type=int, default=1000)
+    c.add_argument("--parallel", type=int, default=8)
+    c.add_argument("--hold", type=float, default=2.0)
+    c.add_argument("--seed", type=int, default=3)
+    c.add_argument("--cap", type=int, default=128 << 20)
+    c.add_argument("--pace", type=float, default=0)
+    c.add_argument("--timeout", type=float, default=10)
+    c.add_argument("--max-seconds", type=float, default=120)
+    args = p.parse_args(argv)
+    if args.role == "serve":
+        serve(args)
+        return 0
+    try:
+        client(args)
+    except OSError as e:
+        out(error=describe(e), errno=getattr(e, "errno", None) or 0)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
