@@ -27,6 +27,7 @@
 #include "identity/certificate_cache.h"
 #include "identity/file_certificates.h"
 #include "observe/http_server.h"
+#include "proxy/bypass_pinning.h"
 #include "proxy/enrolled_workloads.h"
 #include "proxy/proxy.h"
 #include "proxy/zds.h"
@@ -209,6 +210,11 @@ int main(int argc, char** argv) {
           return w != nullptr ? w : proxy.context().find_local(s, ip);
         });
   }
+  // Bypassed app flows go back to the TCP stack when the proxy stops reading them (its window
+  // then bounds what the app queues); says once at start-up whether the maps are there.
+  proxy.context().bypass_pinning =
+      std::make_shared<proxy::BypassPinning>(cfg.bpf_pin_root, metrics);
+  proxy.context().bypass_pinning->available();
   if (auto err = proxy.start()) return fail(*err);
   std::unique_ptr<proxy::ZdsClient> zds;
   if (!cfg.zds_socket.empty()) {

@@ -1,10 +1,15 @@
 #include "net/relay.h"
 
+#include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
 
 #include "net/sockets.h"
 
 namespace sockmesh::net {
+namespace {
+// Reads per turn of one direction before it yields to other work on the worker.
+constexpr int kBurstReads = 8;
+}  // namespace
 
 TcpRelay::TcpRelay(Tcp::socket a, Tcp::socket b, size_t buffer_bytes)
     : a_(std::move(a)), b_(std::move(b)), ab_{&a_, &b_}, ba_{&b_, &a_}, buffer_bytes_(buffer_bytes) {
@@ -22,46 +27,75 @@ void TcpRelay::start(Done done, Progress progress) {
   pump(ba_, false);
 }
 
+void TcpRelay::on_read_paused(ReadPaused a, ReadPaused b) {
+  ab_.read_paused = std::move(a);
+  ba_.read_paused = std::move(b);
+}
+
 void TcpRelay::pump(Direction& d, bool a_to_b) {
-  if (finished_) return;
-  if (d.buffer.size() != buffer_bytes_) d.buffer.resize(buffer_bytes_);
-  boost::system::error_code ec;
-  size_t n = d.from->read_some(boost::asio::buffer(d.buffer), ec);
-  if (ec == boost::asio::error::would_block) {
-    // Nothing to read: give the buffer back while waiting, so idle connections cost no buffers.
-    Bytes().swap(d.buffer);
-    d.from->async_wait(Tcp::socket::wait_read,
-                       [self = shared_from_this(), &d, a_to_b](const boost::system::error_code& e) {
-                         if (self->finished_) return;
-                         if (e) {
-                           self->fail("wait: " + e.message());
-                           return;
-                         }
-                         self->pump(d, a_to_b);
-                       });
-    return;
-  }
-  if (ec == boost::asio::error::eof) {
-    finish_direction(d);
-    return;
-  }
-  if (ec) {
-    fail("read: " + ec.message());
-    return;
-  }
-  boost::asio::async_write(
-      *d.to, boost::asio::buffer(d.buffer.data(), n),
-      [self = shared_from_this(), &d, a_to_b](const boost::system::error_code& wec,
-                                               size_t written) {
+  // A burst is bounded so that one busy connection cannot starve the others on its worker.
+  for (int burst = 0; burst < kBurstReads; ++burst) {
+    if (finished_) return;
+    if (d.buffer.size() != buffer_bytes_) d.buffer.resize(buffer_bytes_);
+    boost::system::error_code ec;
+    size_t n = d.from->read_some(boost::asio::buffer(d.buffer), ec);
+    if (ec == boost::asio::error::would_block) {
+      // Nothing to read: give the buffer back while waiting, so idle connections cost no buffers.
+      Bytes().swap(d.buffer);
+      d.from->async_wait(Tcp::socket::wait_read, [self = shared_from_this(), &d, a_to_b](
+                                                     const boost::system::error_code& e) {
         if (self->finished_) return;
-        if (wec) {
-          self->fail("write: " + wec.message());
+        if (e) {
+          self->fail("wait: " + e.message());
           return;
         }
-        d.bytes += written;
-        if (self->progress_) self->progress_(a_to_b, written);
         self->pump(d, a_to_b);
       });
+      return;
+    }
+    if (ec == boost::asio::error::eof) {
+      finish_direction(d);
+      return;
+    }
+    if (ec) {
+      fail("read: " + ec.message());
+      return;
+    }
+    // Usually the other side has room: write at once. Trying here, rather than only through
+    // async_write, is what tells a pause (the write would block) from a write that completes.
+    size_t written = d.to->write_some(boost::asio::buffer(d.buffer.data(), n), ec);
+    if (ec == boost::asio::error::would_block) {
+      written = 0;
+    } else if (ec) {
+      fail("write: " + ec.message());
+      return;
+    }
+    if (written > 0 && !wrote(d, a_to_b, written)) return;
+    if (written == n) continue;
+    if (d.read_paused) d.read_paused();
+    if (finished_) return;  // the handler may abort the relay
+    boost::asio::async_write(
+        *d.to, boost::asio::buffer(d.buffer.data() + written, n - written),
+        [self = shared_from_this(), &d, a_to_b](const boost::system::error_code& wec,
+                                                 size_t rest) {
+          if (self->finished_) return;
+          if (wec) {
+            self->fail("write: " + wec.message());
+            return;
+          }
+          if (self->wrote(d, a_to_b, rest)) self->pump(d, a_to_b);
+        });
+    return;
+  }
+  boost::asio::post(d.from->get_executor(), [self = shared_from_this(), &d, a_to_b] {
+    if (!self->finished_) self->pump(d, a_to_b);
+  });
+}
+
+bool TcpRelay::wrote(Direction& d, bool a_to_b, size_t n) {
+  d.bytes += n;
+  if (progress_) progress_(a_to_b, n);
+  return !finished_;
 }
 
 void TcpRelay::finish_direction(Direction& d) {

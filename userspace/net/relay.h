@@ -2,6 +2,10 @@
 // Copies bytes both ways between two TCP sockets until both directions have ended. A FIN on one
 // side becomes a FIN on the other (half-close is kept); an error or reset on either side resets
 // both, so that neither application waits for bytes that will never come.
+//
+// A side is read only while the other side takes what was read from it: when a write would block,
+// the rest is written asynchronously and reading stops until it is done (TCP flow control then
+// pushes back on the sender).
 #include <boost/asio/ip/tcp.hpp>
 #include <functional>
 #include <memory>
@@ -24,7 +28,13 @@ class TcpRelay : public std::enable_shared_from_this<TcpRelay> {
   // Called after each chunk: (a_to_b, bytes).
   using Progress = std::function<void(bool a_to_b, size_t bytes)>;
 
+  // Called when the relay stops reading one side because the other is not taking its bytes.
+  using ReadPaused = std::function<void()>;
+
   TcpRelay(Tcp::socket a, Tcp::socket b, size_t buffer_bytes = 128 * 1024);
+  // Optional, before start(): run each time reading `a` (resp. `b`) pauses. For a sender whose
+  // bytes do not wait for our reads (a sockmap redirect), so that its owner can push back.
+  void on_read_paused(ReadPaused a, ReadPaused b);
   void start(Done done, Progress progress = nullptr);
   // Resets both sides now (e.g. policy revoked the connection).
   void abort(const std::string& reason);
@@ -36,8 +46,11 @@ class TcpRelay : public std::enable_shared_from_this<TcpRelay> {
     Bytes buffer;  // allocated only while data moves
     uint64_t bytes = 0;
     bool done = false;
+    ReadPaused read_paused;  // `from` is no longer read
   };
   void pump(Direction& d, bool a_to_b);
+  // Counts `n` bytes written; false when the progress handler aborted the relay.
+  bool wrote(Direction& d, bool a_to_b, size_t n);
   void finish_direction(Direction& d);
   void fail(const std::string& error);
   void maybe_done();

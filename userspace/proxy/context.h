@@ -10,6 +10,8 @@
 #include "identity/certificate.h"
 #include "net/netns.h"
 #include "observe/metrics.h"
+#include "proxy/bypass_pinning.h"
+#include "proxy/enrolled_workloads.h"
 #include "proxy/proxy_config.h"
 #include "proxy/worker.h"
 #include "state/store.h"
@@ -35,6 +37,8 @@ struct ProxyContext {
   // to and from that pod are created. Empty otherwise.
   net::NetnsByIp pod_netns;
   observe::Registry* metrics = nullptr;
+  // Pins an app's bypassed flow to the TCP stack when the proxy stops reading it; null: never.
+  std::shared_ptr<BypassPinning> bypass_pinning;
   std::vector<std::unique_ptr<Worker>> workers;
   std::atomic<uint64_t> next_worker{0};
   std::atomic<bool> draining{false};
@@ -45,6 +49,11 @@ struct ProxyContext {
   // The default lookup: a workload in the snapshot whose node is this proxy's node.
   const state::Workload* find_local(const state::Snapshot& snap, const IpAddress& ip) const;
   bool is_proxy_port(uint16_t port) const;
+  // For a socket towards an app, right after accept or connect: the relay's read-paused handler
+  // (BypassPinning::read_paused_handler), or nullptr.
+  std::function<void()> bypass_read_paused(int fd) const {
+    return bypass_pinning ? bypass_pinning->read_paused_handler(fd) : nullptr;
+  }
 };
 
 }  // namespace sockmesh::proxy

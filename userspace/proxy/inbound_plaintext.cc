@@ -59,13 +59,16 @@ void InboundPlaintext::handle(Worker& worker, Tcp::socket socket) {
   auto client_sock = std::make_shared<Tcp::socket>(std::move(socket));
   std::string uid = wl->uid;
   dial(worker.io(), *dst, opts, ctx.config.connect_timeout,
-       [record, client_sock, facts, uid](DialResult r, Tcp::socket upstream) {
+       [&ctx, record, client_sock, facts, uid](DialResult r, Tcp::socket upstream) {
          if (!r.ok) {
            record->finish(r.error, ResponseFlags::kConnectionFailure);
            net::close_with_reset(*client_sock);
            return;
          }
+         // The upstream socket is the app's peer; sockops paired the two when it connected.
+         auto app_paused = ctx.bypass_read_paused(upstream.native_handle());
          auto relay = std::make_shared<net::TcpRelay>(std::move(*client_sock), std::move(upstream));
+         relay->on_read_paused(nullptr, std::move(app_paused));
          std::weak_ptr<net::TcpRelay> weak = relay;
          record->track(uid, facts, [weak](const std::string& reason) {
            if (auto rl = weak.lock()) rl->abort(reason);

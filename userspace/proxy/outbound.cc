@@ -79,6 +79,8 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
     return;
   }
   access.dst_addr = route.target.to_string();
+  // Decided now, while the client socket is fresh: sockops paired it with the app at accept.
+  auto read_paused = ctx.bypass_read_paused(client_ptr->native_handle());
 
   bool hbone = route.workload != nullptr && route.workload->protocol == state::Protocol::kHbone;
   if (!hbone) {
@@ -90,15 +92,16 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
     opts.mark = ctx.config.mark;
     opts.netns = ctx.pod_netns.find(client_addr.ip);  // in-pod mode: leave from the client's pod
     dial(worker.io(), route.target, opts, ctx.config.connect_timeout,
-         [record, client_ptr, ready](DialResult r, Tcp::socket upstream) {
+         [record, client_ptr, ready, read_paused](DialResult r, Tcp::socket upstream) {
            if (!r.ok) {
              OutboundOutcome o{false, r.error, ResponseFlags::kConnectionFailure, false, true};
              fail_client(record, client_ptr, ready, o);
              return;
            }
-           auto start = [record, client_ptr, up = std::make_shared<Tcp::socket>(
-                                                 std::move(upstream))]() mutable {
+           auto start = [record, client_ptr, read_paused,
+                         up = std::make_shared<Tcp::socket>(std::move(upstream))]() mutable {
              auto relay = std::make_shared<net::TcpRelay>(std::move(*client_ptr), std::move(*up));
+             relay->on_read_paused(std::move(read_paused), nullptr);
              relay->start(finish_when_done<net::TcpRelay::Result>(record),
                           count_bytes(record, /*forward_is_outgoing=*/true));
            };
@@ -129,8 +132,8 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
                          {"baggage", baggage_of(*view.source)}};
   worker.pool().acquire(
       key, std::move(expected),
-      [record, client_ptr, ready, authority, headers](std::shared_ptr<h2::H2Connection> conn,
-                                                      const HbonePool::Failure* failure) {
+      [record, client_ptr, ready, authority, headers, read_paused](
+          std::shared_ptr<h2::H2Connection> conn, const HbonePool::Failure* failure) {
         if (failure != nullptr) {
           OutboundOutcome o{false, failure->reason, failure->flag, false, true};
           fail_client(record, client_ptr, ready, o);
@@ -139,8 +142,8 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
         auto responded = std::make_shared<bool>(false);
         auto stream_holder = std::make_shared<std::shared_ptr<h2::H2Stream>>();
         h2::H2Stream::Handlers h;
-        h.on_response = [record, client_ptr, ready, stream_holder, responded, authority](
-                            int status, const h2::HeaderList& resp) {
+        h.on_response = [record, client_ptr, ready, stream_holder, responded, authority,
+                         read_paused](int status, const h2::HeaderList& resp) {
           *responded = true;
           auto stream = *stream_holder;
           if (status != 200) {
@@ -161,6 +164,7 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
           }
           auto relay = std::make_shared<TunnelRelay>(client_ptr, stream);
           relay->attach();  // nothing the server sends is lost while SOCKS5 answers its client
+          relay->on_read_paused(read_paused);
           auto start = [record, relay] {
             relay->start(finish_when_done<TunnelRelay::Result>(record),
                          count_bytes(record, /*forward_is_outgoing=*/true));

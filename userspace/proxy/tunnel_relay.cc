@@ -80,6 +80,7 @@ void TunnelRelay::read_socket() {
     }
     if (stream_->above_high_watermark()) {
       paused_ = true;  // on_writable resumes
+      if (read_paused_) read_paused_();
       return;
     }
   }

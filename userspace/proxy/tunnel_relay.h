@@ -33,6 +33,10 @@ class TunnelRelay : public std::enable_shared_from_this<TunnelRelay> {
   TunnelRelay(std::shared_ptr<Tcp::socket> socket, std::shared_ptr<h2::H2Stream> stream);
   // Takes over the stream's events at once; data that arrives before start() is held back.
   void attach();
+  // Optional, before start(): run each time reading the socket pauses because the stream is above
+  // its high watermark. For a socket whose peer's bytes do not wait for our reads (a sockmap
+  // redirect into it), so that its owner can push back on that peer.
+  void on_read_paused(std::function<void()> handler) { read_paused_ = std::move(handler); }
   // Starts moving bytes (attaches first if needed).
   void start(Done done, Progress progress = nullptr);
   // Resets both sides now.
@@ -55,6 +59,7 @@ class TunnelRelay : public std::enable_shared_from_this<TunnelRelay> {
   std::shared_ptr<h2::H2Stream> stream_;
   Done done_;
   Progress progress_;
+  std::function<void()> read_paused_;
   Result result_;
   // socket -> stream
   bool reading_ = false;

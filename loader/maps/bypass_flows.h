@@ -1,0 +1,71 @@
+#pragma once
+// The sockmap bypass as the proxy sees it: which of its sockets towards an app are in sm_bypass
+// (the app's sends into them skip the TCP stack), and sm_stack_flows, where the proxy sends an
+// app's flow back to the stack when it stops reading it.
+//
+// Why pinning exists: bytes redirected by sk_msg land in the proxy socket's ingress queue, which
+// has no limit and no window, so an app facing a proxy that stopped reading (its other side is
+// blocked) would keep writing into kernel memory. Through the stack, the proxy socket's receive
+// window stops the app within its socket buffers. A pinned flow never returns to the redirect
+// (bytes redirected later could overtake those waiting in the TCP receive queue); its entry goes
+// when the app's socket closes (sockops STATE_CB in bpf/bypass.bpf.c).
+#include <cstdint>
+#include <string>
+
+#include "base/ip_address.h"
+#include "loader/maps/pinned_map.h"
+#include "loader/maps/result.h"
+#include "sockmesh/consts.h"
+#include "sockmesh/maps.h"
+
+namespace sockmesh::maps {
+
+// One end of a TCP connection from that socket's point of view, in its network namespace: the
+// key of sm_bypass and sm_stack_flows (struct sm_flow_key).
+struct FlowKey {
+  uint64_t netns = 0;  // SO_NETNS_COOKIE of the socket's namespace
+  Endpoint local;
+  Endpoint remote;
+
+  // The other end of the same connection, provided it lives in the same namespace (true of the
+  // app <-> proxy hop, the only connections in sm_bypass).
+  FlowKey reversed() const { return FlowKey{netns, remote, local}; }
+  sm_flow_key to_kernel() const;
+  // "netns 4096 10.0.0.2:41000 -> 10.0.0.9:80", for logs.
+  std::string to_string() const;
+
+  bool operator==(const FlowKey&) const = default;
+};
+
+// The key sockops gave the connected TCP socket `fd` at establishment.
+Result<FlowKey> flow_of_socket(int fd);
+// The key of the app's end of a connection whose proxy end is `fd`: `fd`'s endpoints reversed,
+// in `fd`'s namespace (the proxy creates its sockets to and from a pod in the pod's netns).
+Result<FlowKey> app_flow_of_proxy_socket(int fd);
+
+class BypassFlows {
+ public:
+  // Opens <pin_root>/sm_bypass (looked up only) and <pin_root>/sm_stack_flows (written). Fails
+  // when sockmesh is not installed there, or was built with another layout of the maps.
+  static Result<BypassFlows> open(const std::string& pin_root = SM_PIN_ROOT_DEFAULT);
+
+  // Whether the socket with this key is in sm_bypass now. An unexpected kernel error is logged
+  // once and read as "not bypassed" (the connection then just keeps the unbounded queue).
+  bool bypassed(const FlowKey& socket) const;
+  // Sends the app's later bytes on flow `app` through the TCP stack. Idempotent.
+  Status pin_to_stack(const FlowKey& app) const;
+  // Whether the flow is pinned (for tests and diagnostics).
+  bool pinned(const FlowKey& app) const;
+
+  // False once the loader removed or recreated the maps under the pin root.
+  bool still_pinned() const { return bypass_.still_pinned() && stack_flows_.still_pinned(); }
+  const std::string& path() const { return stack_flows_.path(); }
+
+ private:
+  BypassFlows(PinnedMap bypass, PinnedMap stack_flows)
+      : bypass_(std::move(bypass)), stack_flows_(std::move(stack_flows)) {}
+  PinnedMap bypass_;
+  PinnedMap stack_flows_;
+};
+
+}  // namespace sockmesh::maps

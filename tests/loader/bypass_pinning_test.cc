@@ -1,0 +1,333 @@
+// Issue #18 part 4, on the real kernel: bytes that sk_msg redirects into the proxy socket's
+// ingress queue meet no flow control, so an app facing a proxy that stopped reading keeps
+// writing into kernel memory. Once the proxy pins the app's flow to the TCP stack
+// (sm_stack_flows), the proxy socket's receive window stops the app within its socket buffers,
+// and the bytes already queued still come first: the stream arrives whole and in order.
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <optional>
+#include <thread>
+
+#include "loader/attach/pod.h"
+#include "loader/maps/bypass_flows.h"
+#include "loader/maps/counters.h"
+#include "loader/maps/listener_map.h"
+#include "net/relay.h"
+#include "observe/metrics.h"
+#include "proxy/bypass_pinning.h"
+#include "sockmesh/consts.h"
+#include "testing/privileged.h"
+#include "testing/sockets.h"
+#include "testing/system.h"
+
+namespace sockmesh {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using maps::ListenerKind;
+using testing::UniqueFd;
+
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new testing::PrivilegedEnvironment);
+
+constexpr size_t kMiB = size_t{1024} * 1024;
+// What an unpinned writer is offered: as in the issue, more than any socket buffer could hold.
+constexpr size_t kUnpinnedOffer = 128 * kMiB;
+// What a pinned writer is offered: far more than its bound, so that the bound is what stops it.
+constexpr size_t kPinnedOffer = 64 * kMiB;
+// "A few MiB": the proxy socket's receive window plus the app's send buffer (tcp_wmem max 4 MiB).
+constexpr size_t kPinnedBound = 16 * kMiB;
+constexpr size_t kTail = 8 * kMiB;  // written while the proxy end drains
+constexpr auto kStallWindow = std::chrono::milliseconds(1500);
+
+double mib(size_t bytes) { return static_cast<double>(bytes) / static_cast<double>(kMiB); }
+
+// The app's side of one connection: a non-blocking socket and the stream it writes, of which
+// `offset` bytes have gone in so far.
+struct Writer {
+  int fd;
+  const std::vector<uint8_t>& stream;
+  size_t offset = 0;
+  std::atomic<size_t> published{0};  // `offset`, for other threads
+
+  // Writes for `window` or until `limit` more bytes went in; returns how many did.
+  size_t write_for(std::chrono::milliseconds window, size_t limit) {
+    size_t written = 0;
+    auto deadline = Clock::now() + window;
+    while (written < limit && Clock::now() < deadline) {
+      size_t want = std::min({limit - written, stream.size() - offset, size_t{256} * 1024});
+      if (want == 0) break;
+      ssize_t n = send(fd, stream.data() + offset, want, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n > 0) {
+        offset += static_cast<size_t>(n);
+        written += static_cast<size_t>(n);
+        published = offset;
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+        pollfd p{fd, POLLOUT, 0};
+        poll(&p, 1, 10);
+        continue;
+      }
+      ADD_FAILURE() << "send: " << std::strerror(errno);
+      break;
+    }
+    return written;
+  }
+};
+
+// Reads `fd` until EOF (or `timeout_ms` overall), comparing each byte with `expected` in order.
+// Returns how many bytes matched before the first difference or the end.
+size_t read_and_check(int fd, const std::vector<uint8_t>& expected, int timeout_ms) {
+  auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::vector<uint8_t> buf(size_t{256} * 1024);
+  size_t got = 0;
+  while (Clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) < 0 && errno != EINTR) break;
+    ssize_t n = recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (n <= 0) return got;
+    size_t len = static_cast<size_t>(n);
+    if (got + len > expected.size() || std::memcmp(buf.data(), expected.data() + got, len) != 0) {
+      for (size_t i = 0; i < len && got + i < expected.size(); ++i) {
+        if (buf[i] != expected[got + i]) return got + i;
+      }
+      return expected.size();  // more bytes than were written
+    }
+    got += len;
+  }
+  ADD_FAILURE() << "no EOF within " << timeout_ms << " ms after " << got << " bytes";
+  return got;
+}
+
+class StackPinningTest : public ::testing::Test {
+ protected:
+  StackPinningTest() { cgroup_.enter(); }  // before any socket of the test exists
+
+  void SetUp() override {
+    auto l = maps::ListenerMap::open(install_.root());
+    ASSERT_TRUE(l) << l.error().message;
+    listeners_.emplace(std::move(l).value());
+    loader::PodSpec pod;
+    pod.netns_path = topo_.pod.path();
+    pod.ips = {topo_.pod_v4};
+    pod.identity.uid = "pod-a";
+    pod.identity.namespace_name = "default";
+    pod.identity.service_account = "sa-a";
+    auto report = loader::enroll(install_.root(), pod);
+    ASSERT_TRUE(report) << report.error().message;
+    auto flows = maps::BypassFlows::open(install_.root());
+    ASSERT_TRUE(flows) << flows.error().message;
+    flows_.emplace(std::move(flows).value());
+    // The proxy's outbound listener in the pod, as the proxy opens it.
+    listener_ = testing::listen_in(
+        topo_.pod.path(), Endpoint{IpAddress::v4(0), maps::port_of(ListenerKind::kOutbound)},
+        {.transparent = true, .mark = SM_MARK_PROXY});
+    ASSERT_TRUE(listener_.valid());
+    auto added = listeners_->add(topo_.pod_v4, ListenerKind::kOutbound, listener_.get());
+    ASSERT_TRUE(added) << added.error().message;
+  }
+
+  // An app's connection to a remote destination, captured into the proxy's listener: the app's
+  // socket (non-blocking) and the proxy's accepted one.
+  void connect_app(UniqueFd& app, UniqueFd& proxy_end) {
+    app = testing::connect_in(topo_.pod.path(), Endpoint{topo_.peer_v4, 8080});
+    ASSERT_TRUE(app.valid()) << std::strerror(errno);
+    proxy_end = testing::accept_within(listener_.get(), 5000);
+    ASSERT_TRUE(proxy_end.valid());
+  }
+
+  uint64_t counter(sm_counter c) {
+    auto reader = maps::CounterReader::open(install_.root());
+    EXPECT_TRUE(reader);
+    auto values = reader->read();
+    EXPECT_TRUE(values);
+    return values ? (*values)[c] : 0;
+  }
+
+  // The sockops program forgets a pinned flow when the app's socket closes.
+  bool forgotten_within(const maps::FlowKey& app, int timeout_ms) {
+    auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (flows_->pinned(app)) {
+      if (Clock::now() > deadline) return false;
+      usleep(10000);
+    }
+    return true;
+  }
+
+  testing::TestCgroup cgroup_;
+  testing::TestInstall install_{cgroup_.path()};
+  testing::PodTopology topo_;
+  std::optional<maps::ListenerMap> listeners_;
+  std::optional<maps::BypassFlows> flows_;
+  UniqueFd listener_;
+};
+
+TEST_F(StackPinningTest, APinnedAppFlowIsStoppedByTcpWindowAndArrivesInOrder) {
+  UniqueFd app, proxy_end;
+  ASSERT_NO_FATAL_FAILURE(connect_app(app, proxy_end));
+
+  auto proxy_key = maps::flow_of_socket(proxy_end.get());
+  ASSERT_TRUE(proxy_key) << proxy_key.error().message;
+  EXPECT_TRUE(flows_->bypassed(*proxy_key)) << proxy_key->to_string();
+  auto app_key = maps::app_flow_of_proxy_socket(proxy_end.get());
+  ASSERT_TRUE(app_key) << app_key.error().message;
+  auto app_own = maps::flow_of_socket(app.get());
+  ASSERT_TRUE(app_own);
+  EXPECT_EQ(*app_key, *app_own) << "the proxy end's view reversed is the app's own key";
+  EXPECT_TRUE(flows_->bypassed(*app_key));
+  EXPECT_FALSE(flows_->pinned(*app_key));
+
+  auto stream = testing::pattern(kUnpinnedOffer + kPinnedOffer + kTail, 18);
+  Writer writer{app.get(), stream};
+  uint64_t redirected_before = counter(SM_CNT_BYPASS_SENDS);
+  auto t0 = Clock::now();
+  size_t unpinned = writer.write_for(kStallWindow, kUnpinnedOffer);
+  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+  std::cout << "[ measured ] unpinned: " << mib(unpinned) << " MiB in " << took.count()
+            << " ms, proxy end reading nothing\n";
+  EXPECT_EQ(unpinned, kUnpinnedOffer) << "the redirect has no flow control: all of it goes in";
+  EXPECT_GT(counter(SM_CNT_BYPASS_SENDS), redirected_before);
+
+  ASSERT_TRUE(flows_->pin_to_stack(*app_key));
+  EXPECT_TRUE(flows_->pinned(*app_key));
+  EXPECT_TRUE(flows_->pin_to_stack(*app_key)) << "pinning twice is harmless";
+  uint64_t stack_before = counter(SM_CNT_BYPASS_PINNED);
+  size_t pinned = writer.write_for(kStallWindow, kPinnedOffer);
+  std::cout << "[ measured ] pinned: " << mib(pinned) << " MiB in " << kStallWindow.count()
+            << " ms, proxy end reading nothing\n";
+  EXPECT_LE(pinned, kPinnedBound) << "TCP's window must stop the app";
+  EXPECT_GT(counter(SM_CNT_BYPASS_PINNED), stack_before) << "sends took the stack path";
+
+  // The proxy end drains; the app writes a tail meanwhile, then ends the stream.
+  size_t checked = 0;
+  std::thread reader([&] { checked = read_and_check(proxy_end.get(), stream, 30000); });
+  size_t tail = 0;
+  while (writer.offset < stream.size()) {
+    size_t n = writer.write_for(std::chrono::milliseconds(10000), stream.size() - writer.offset);
+    if (n == 0) break;
+    tail += n;
+  }
+  shutdown(app.get(), SHUT_WR);
+  reader.join();
+  std::cout << "[ measured ] drained: " << mib(checked) << " MiB checked of " << mib(writer.offset)
+            << " MiB written (" << mib(tail) << " MiB while draining)\n";
+  EXPECT_EQ(writer.offset, stream.size());
+  EXPECT_EQ(checked, writer.offset) << "first difference or loss at this offset";
+
+  app.reset();
+  proxy_end.reset();
+  EXPECT_TRUE(forgotten_within(*app_key, 3000)) << "sm_stack_flows keeps a closed socket's flow";
+}
+
+TEST_F(StackPinningTest, AnUnpinnedFlowIsNotPinnedAndAProxySocketOnTheStackIsNotBypassed) {
+  UniqueFd app, proxy_end;
+  ASSERT_NO_FATAL_FAILURE(connect_app(app, proxy_end));
+  auto app_key = maps::app_flow_of_proxy_socket(proxy_end.get());
+  ASSERT_TRUE(app_key);
+  EXPECT_FALSE(flows_->pinned(*app_key));
+
+  // The proxy's socket towards the remote destination is not a local hop: never in sm_bypass.
+  testing::EchoServer remote(topo_.peer.path(), Endpoint{topo_.peer_v4, 9090});
+  auto upstream = testing::connect_in(topo_.pod.path(), Endpoint{topo_.peer_v4, 9090},
+                                      {.mark = SM_MARK_PROXY_UPSTREAM});
+  ASSERT_TRUE(upstream.valid()) << std::strerror(errno);
+  auto upstream_key = maps::flow_of_socket(upstream.get());
+  ASSERT_TRUE(upstream_key);
+  EXPECT_FALSE(flows_->bypassed(*upstream_key)) << upstream_key->to_string();
+}
+
+// The proxy's plain relay and its pinning handler together: the relay copies the app's captured
+// connection to a remote server that stops reading; when the relay's write towards it blocks, it
+// stops reading the app, the handler pins the app's flow once, and the app is stopped within the
+// buffers of the two hops. When the server reads again, everything arrives in order.
+TEST_F(StackPinningTest, TheRelayPinsTheAppFlowWhenItsUpstreamStalls) {
+  UniqueFd app, proxy_end;
+  ASSERT_NO_FATAL_FAILURE(connect_app(app, proxy_end));
+  auto server_listener = testing::listen_in(topo_.peer.path(), Endpoint{topo_.peer_v4, 9090});
+  ASSERT_TRUE(server_listener.valid());
+  auto upstream = testing::connect_in(topo_.pod.path(), Endpoint{topo_.peer_v4, 9090},
+                                      {.mark = SM_MARK_PROXY_UPSTREAM});
+  ASSERT_TRUE(upstream.valid()) << std::strerror(errno);
+  auto server = testing::accept_within(server_listener.get(), 5000);
+  ASSERT_TRUE(server.valid());
+  auto app_key = maps::app_flow_of_proxy_socket(proxy_end.get());
+  ASSERT_TRUE(app_key);
+
+  observe::Registry metrics;
+  proxy::BypassPinning pinning(install_.root(), metrics);
+  auto on_paused = pinning.read_paused_handler(proxy_end.get());
+  ASSERT_TRUE(on_paused) << "the app's captured connection is bypassed";
+  EXPECT_FALSE(pinning.read_paused_handler(upstream.get())) << "the remote hop is not";
+
+  using Tcp = boost::asio::ip::tcp;
+  boost::asio::io_context io;
+  auto work = boost::asio::make_work_guard(io);
+  auto relay = std::make_shared<net::TcpRelay>(Tcp::socket(io, Tcp::v4(), proxy_end.release()),
+                                               Tcp::socket(io, Tcp::v4(), upstream.release()));
+  auto stream = testing::pattern(kPinnedOffer + kTail, 19);
+  Writer writer{app.get(), stream};
+  std::atomic<int> pauses{0};
+  std::atomic<size_t> written_at_pin{0};
+  relay->on_read_paused(
+      [&, on_paused] {
+        if (pauses++ == 0) written_at_pin = writer.published.load();
+        on_paused();
+      },
+      nullptr);
+  relay->start([](const net::TcpRelay::Result&) {});
+  std::thread loop([&] { io.run(); });
+
+  size_t stalled = writer.write_for(std::chrono::milliseconds(2000), kPinnedOffer);
+  size_t after_pin = stalled - written_at_pin.load();
+  std::cout << "[ measured ] relay, upstream stalled: " << mib(stalled) << " MiB in 2000 ms, "
+            << mib(after_pin) << " MiB of it after the first pause (" << pauses.load()
+            << " pauses)\n";
+  EXPECT_GE(pauses.load(), 1);
+  EXPECT_TRUE(flows_->pinned(*app_key));
+  EXPECT_LT(stalled, kPinnedOffer) << "the app must be stopped";
+  // What the app had queued before the first pause depends on how far it ran ahead of the relay;
+  // after the pin, two hops of buffers: the proxy end's window and the app's send buffer, then the
+  // relay's chunk and the upstream's buffers as far as they were not full yet.
+  EXPECT_LE(after_pin, 2 * kPinnedBound);
+  EXPECT_NE(metrics.render().find("sockmesh_bypass_flows_pinned_total 1\n"), std::string::npos)
+      << metrics.render();
+
+  size_t checked = 0;
+  std::thread reader([&] { checked = read_and_check(server.get(), stream, 30000); });
+  while (writer.offset < stream.size()) {
+    if (writer.write_for(std::chrono::milliseconds(10000), stream.size() - writer.offset) == 0) {
+      break;
+    }
+  }
+  shutdown(app.get(), SHUT_WR);
+  reader.join();
+  EXPECT_EQ(writer.offset, stream.size());
+  EXPECT_EQ(checked, writer.offset) << "first difference or loss at this offset";
+  EXPECT_NE(metrics.render().find("sockmesh_bypass_flows_pinned_total 1\n"), std::string::npos)
+      << "pinned once, however many pauses";
+
+  app.reset();
+  server.reset();
+  boost::asio::post(io, [relay] { relay->abort("test over"); });  // on the relay's thread
+  relay.reset();
+  work.reset();
+  loop.join();
+  EXPECT_TRUE(forgotten_within(*app_key, 3000));
+}
+
+}  // namespace
+}  // namespace sockmesh

@@ -1,0 +1,89 @@
+#include "proxy/bypass_pinning.h"
+
+#include <atomic>
+
+#include "base/log.h"
+
+namespace sockmesh::proxy {
+
+BypassPinning::BypassPinning(std::string pin_root, observe::Registry& metrics,
+                             std::chrono::milliseconds retry)
+    : pin_root_(std::move(pin_root)),
+      retry_(retry),
+      pinned_(metrics.counter("sockmesh_bypass_flows_pinned_total",
+                              "Bypassed app flows sent back to the TCP stack because the proxy "
+                              "stopped reading them (its other side was blocked)")),
+      pin_failures_(metrics.counter("sockmesh_bypass_pin_failures_total",
+                                    "Bypassed app flows the proxy could not pin to the TCP stack "
+                                    "(their bytes keep queueing without TCP flow control)")) {}
+
+bool BypassPinning::available() { return flows() != nullptr; }
+
+std::shared_ptr<const maps::BypassFlows> BypassPinning::flows() {
+  using Clock = std::chrono::steady_clock;
+  std::lock_guard lock(mu_);
+  if (flows_ && Clock::now() >= next_pin_check_) {
+    next_pin_check_ = Clock::now() + retry_;
+    if (!flows_->still_pinned()) {
+      // Reinstalled or upgraded: connections made from now on are in the new maps.
+      SM_WARN("proxy") << "bypass maps under " << pin_root_
+                       << " were recreated by the loader; opening the new ones";
+      flows_.reset();
+      next_try_ = {};
+    }
+  }
+  if (flows_ || Clock::now() < next_try_) return flows_;
+  next_try_ = Clock::now() + retry_;
+  if (pin_root_.empty()) {
+    if (!logged_missing_) {
+      SM_INFO("proxy") << "no BPF pin root: bypassed app flows are not pinned to the TCP stack";
+      logged_missing_ = true;
+    }
+    next_try_ = Clock::time_point::max();
+    return nullptr;
+  }
+  auto opened = maps::BypassFlows::open(pin_root_);
+  if (!opened) {
+    if (!logged_missing_) {
+      SM_INFO("proxy") << "bypass maps not usable (" << opened.error().message
+                       << "): app flows are not pinned to the TCP stack when reading pauses";
+      logged_missing_ = true;
+    }
+    return nullptr;
+  }
+  flows_ = std::make_shared<const maps::BypassFlows>(std::move(opened).value());
+  next_pin_check_ = Clock::now() + retry_;
+  SM_INFO("proxy") << "bypass maps under " << pin_root_
+                   << " open: an app flow whose proxy socket stops being read goes to the stack";
+  return flows_;
+}
+
+std::function<void()> BypassPinning::read_paused_handler(int fd) {
+  auto map = flows();
+  if (!map) return nullptr;
+  auto own = maps::flow_of_socket(fd);
+  if (!own) {
+    SM_DEBUG("proxy") << "bypass: cannot read the flow of a socket: " << own.error().message;
+    return nullptr;
+  }
+  if (!map->bypassed(*own)) return nullptr;
+  return [map, app = own->reversed(), pinned = &pinned_, failures = &pin_failures_,
+          done = false]() mutable {
+    if (done) return;
+    done = true;  // a pinned flow stays pinned: once is enough, and a failure is not retried
+    if (auto s = map->pin_to_stack(app); !s) {
+      failures->inc();
+      static std::atomic<bool> warned{false};
+      if (!warned.exchange(true)) {
+        SM_WARN("proxy") << "bypass: " << s.error().message
+                         << "; this flow keeps queueing without flow control";
+      }
+      return;
+    }
+    pinned->inc();
+    SM_DEBUG("proxy") << "bypass: reading paused, app flow " << app.to_string()
+                      << " pinned to the TCP stack";
+  };
+}
+
+}  // namespace sockmesh::proxy

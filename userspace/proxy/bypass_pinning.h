@@ -1,0 +1,52 @@
+#pragma once
+// Backpressure through a bypassed hop: when the proxy stops reading an app's bypassed socket, the
+// app's flow goes back to the TCP stack (sm_stack_flows), so that TCP's window stops the app.
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "loader/maps/bypass_flows.h"
+#include "observe/metrics.h"
+
+namespace sockmesh::proxy {
+
+// The proxy's side of the sockmap bypass (bpf/bypass.bpf.c): an app's sends into a bypassed proxy
+// socket are redirected into its ingress queue, which nothing bounds, so not reading that socket
+// does not slow the app. When a relay stops reading such a socket, the app's flow is pinned to the
+// TCP stack, whose receive window then stops the app within its socket buffers. Best effort:
+// without the maps (no pin root, sockmesh not installed) nothing is pinned, said once, and the
+// proxy serves as before.
+class BypassPinning {
+ public:
+  // `pin_root`: where the loader pinned its maps (empty: none). Opened on first use and, while
+  // missing, tried again at most every `retry`: short, because the proxy usually starts before
+  // its node agent installs the maps, and a connection served meanwhile is never pinned.
+  BypassPinning(std::string pin_root, observe::Registry& metrics,
+                std::chrono::milliseconds retry = std::chrono::milliseconds(250));
+
+  // Whether the maps are open (tries to open them if the last try is older than `retry`).
+  bool available();
+
+  // For the proxy's connected socket `fd` towards an app: what a relay runs when it pauses reading
+  // it, or nullptr when the socket is not bypassed. Decided once per socket, right after accept
+  // or connect: sockops put both ends into sm_bypass when the connection was established. The
+  // handler pins the flow on its first call only; it belongs to the socket's worker thread.
+  std::function<void()> read_paused_handler(int fd);
+
+ private:
+  std::shared_ptr<const maps::BypassFlows> flows();
+
+  const std::string pin_root_;
+  const std::chrono::milliseconds retry_;
+  observe::Counter& pinned_;
+  observe::Counter& pin_failures_;
+  std::mutex mu_;
+  std::shared_ptr<const maps::BypassFlows> flows_;
+  std::chrono::steady_clock::time_point next_try_{};
+  std::chrono::steady_clock::time_point next_pin_check_{};
+  bool logged_missing_ = false;
+};
+
+}  // namespace sockmesh::proxy
