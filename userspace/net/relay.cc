@@ -1,5 +1,7 @@
 #include "net/relay.h"
 
+#include <sys/socket.h>
+
 #include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
 
@@ -9,12 +11,19 @@ namespace sockmesh::net {
 namespace {
 // Reads per turn of one direction before it yields to other work on the worker.
 constexpr int kBurstReads = 8;
+
 }  // namespace
 
 TcpRelay::TcpRelay(Tcp::socket a, Tcp::socket b, size_t buffer_bytes)
-    : a_(std::move(a)), b_(std::move(b)), ab_{&a_, &b_}, ba_{&b_, &a_}, buffer_bytes_(buffer_bytes) {
+    : a_(std::move(a)),
+      b_(std::move(b)),
+      ab_{&a_, &b_},
+      ba_{&b_, &a_},
+      buffer_bytes_(buffer_bytes) {
   reset_unless_closed_gracefully(a_);
   reset_unless_closed_gracefully(b_);
+  limit_relay_buffers(a_);
+  limit_relay_buffers(b_);
 }
 
 void TcpRelay::start(Done done, Progress progress) {
@@ -42,8 +51,8 @@ void TcpRelay::pump(Direction& d, bool a_to_b) {
     if (ec == boost::asio::error::would_block) {
       // Nothing to read: give the buffer back while waiting, so idle connections cost no buffers.
       Bytes().swap(d.buffer);
-      d.from->async_wait(Tcp::socket::wait_read, [self = shared_from_this(), &d, a_to_b](
-                                                     const boost::system::error_code& e) {
+      d.from->async_wait(Tcp::socket::wait_read, [self = shared_from_this(), &d,
+                                                  a_to_b](const boost::system::error_code& e) {
         if (self->finished_) return;
         if (e) {
           self->fail("wait: " + e.message());
@@ -71,13 +80,19 @@ void TcpRelay::pump(Direction& d, bool a_to_b) {
       return;
     }
     if (written > 0 && !wrote(d, a_to_b, written)) return;
-    if (written == n) continue;
+    if (written == n) {
+      // Keeping up with every write, but perhaps not with the peer: far behind is a pause too.
+      if (d.read_paused && n == d.buffer.size() && unread_bytes(*d.from) > kMaxUnreadBeforePause) {
+        d.read_paused();
+        if (finished_) return;
+      }
+      continue;
+    }
     if (d.read_paused) d.read_paused();
     if (finished_) return;  // the handler may abort the relay
     boost::asio::async_write(
         *d.to, boost::asio::buffer(d.buffer.data() + written, n - written),
-        [self = shared_from_this(), &d, a_to_b](const boost::system::error_code& wec,
-                                                 size_t rest) {
+        [self = shared_from_this(), &d, a_to_b](const boost::system::error_code& wec, size_t rest) {
           if (self->finished_) return;
           if (wec) {
             self->fail("write: " + wec.message());

@@ -32,8 +32,9 @@ class TcpRelay : public std::enable_shared_from_this<TcpRelay> {
   using ReadPaused = std::function<void()>;
 
   TcpRelay(Tcp::socket a, Tcp::socket b, size_t buffer_bytes = 128 * 1024);
-  // Optional, before start(): run each time reading `a` (resp. `b`) pauses. For a sender whose
-  // bytes do not wait for our reads (a sockmap redirect), so that its owner can push back.
+  // Optional, before start(): run each time reading `a` (resp. `b`) pauses, or falls more than
+  // kMaxUnreadBeforePause behind. For a sender whose bytes do not wait for our reads (a sockmap
+  // redirect), so that its owner can push back.
   void on_read_paused(ReadPaused a, ReadPaused b);
   void start(Done done, Progress progress = nullptr);
   // Resets both sides now (e.g. policy revoked the connection).

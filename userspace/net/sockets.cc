@@ -4,6 +4,7 @@
 #include <linux/netfilter_ipv6/ip6_tables.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -12,9 +13,7 @@
 namespace sockmesh::net {
 namespace {
 
-std::string errno_text(const char* what) {
-  return std::string(what) + ": " + std::strerror(errno);
-}
+std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
 bool set_transparent(int fd, bool v6) {
   int one = 1;
@@ -77,8 +76,7 @@ std::optional<Endpoint> original_destination(Tcp::socket& socket) {
   if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) return std::nullopt;
   sockaddr_storage orig{};
   len = sizeof orig;
-  if (local.ss_family == AF_INET &&
-      getsockopt(fd, SOL_IP, SO_ORIGINAL_DST, &orig, &len) == 0) {
+  if (local.ss_family == AF_INET && getsockopt(fd, SOL_IP, SO_ORIGINAL_DST, &orig, &len) == 0) {
     return Endpoint::from_sockaddr(reinterpret_cast<sockaddr*>(&orig));
   }
   len = sizeof orig;
@@ -127,7 +125,8 @@ std::optional<std::string> prepare_dial(Tcp::socket& socket, const Endpoint& des
       socket.close(ec);
       if (auto err = open_in(socket, ep.protocol(), options.netns)) return err;
       fd = socket.native_handle();
-      if (options.mark != 0) setsockopt(fd, SOL_SOCKET, SO_MARK, &options.mark, sizeof options.mark);
+      if (options.mark != 0)
+        setsockopt(fd, SOL_SOCKET, SO_MARK, &options.mark, sizeof options.mark);
     }
   }
   set_nodelay(socket);
@@ -158,6 +157,18 @@ void close_gracefully(Tcp::socket& socket) {
   set_abortive_close(socket, false);
   boost::system::error_code ec;
   socket.close(ec);
+}
+
+void limit_relay_buffers(Tcp::socket& socket) {
+  int size = 512 * 1024;
+  setsockopt(socket.native_handle(), SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
+  setsockopt(socket.native_handle(), SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
+}
+
+size_t unread_bytes(Tcp::socket& socket) {
+  int n = 0;
+  if (ioctl(socket.native_handle(), FIONREAD, &n) != 0 || n < 0) return 0;
+  return static_cast<size_t>(n);
 }
 
 void set_nodelay(Tcp::socket& socket) {

@@ -32,8 +32,8 @@ std::optional<std::string> listen(Tcp::acceptor& acceptor, const Endpoint& at,
 std::optional<Endpoint> original_destination(Tcp::socket& socket);
 
 struct DialOptions {
-  std::optional<IpAddress> source;  // bind to this address first (source IP preservation)
-  uint32_t mark = 0;                // SO_MARK, so that capture skips the proxy's own sockets
+  std::optional<IpAddress> source;     // bind to this address first (source IP preservation)
+  uint32_t mark = 0;                   // SO_MARK, so that capture skips the proxy's own sockets
   std::shared_ptr<const Netns> netns;  // create the socket in this pod's netns (null: here)
 };
 
@@ -42,6 +42,21 @@ struct DialOptions {
 // *source_kept is false.
 std::optional<std::string> prepare_dial(Tcp::socket& socket, const Endpoint& destination,
                                         const DialOptions& options, bool* source_kept);
+
+// Bytes received and not yet read (FIONREAD). For a socket in the bypass SOCKHASH the kernel counts
+// the sockmap queue (what the peer's sends were redirected into); 0 when it cannot tell.
+size_t unread_bytes(Tcp::socket& socket);
+
+// How far a relay's reading may fall behind a bypassed peer before the relay treats it as a pause
+// (see TcpRelay::on_read_paused): redirected bytes are otherwise queued without limit.
+inline constexpr size_t kMaxUnreadBeforePause = size_t{1} << 20;
+
+// Caps both socket buffers of a socket the proxy relays (512 KiB each; the kernel doubles it).
+// Left to autotuning they grow to the kernel's maximum (tcp_rmem/tcp_wmem: 6 and 4 MiB here)
+// because the relay reads eagerly, and a stalled reader would then let its writer queue over
+// 16 MiB in the path (without the mesh about 1.5 MiB: a socket that is not read does not grow
+// its buffer). The cap is still many times a local hop's bandwidth-delay product.
+void limit_relay_buffers(Tcp::socket& socket);
 
 // Closes with RST instead of FIN, so that the peer sees a reset rather than a clean end.
 void close_with_reset(Tcp::socket& socket);

@@ -15,10 +15,10 @@ constexpr size_t kDirectWriteBytes = 16 * 1024;
 constexpr size_t kGatherRuns = 16;
 }  // namespace
 
-TunnelRelay::TunnelRelay(std::shared_ptr<Tcp::socket> socket,
-                         std::shared_ptr<h2::H2Stream> stream)
+TunnelRelay::TunnelRelay(std::shared_ptr<Tcp::socket> socket, std::shared_ptr<h2::H2Stream> stream)
     : socket_holder_(std::move(socket)), socket_(*socket_holder_), stream_(std::move(stream)) {
   net::reset_unless_closed_gracefully(socket_);
+  net::limit_relay_buffers(socket_);
 }
 
 void TunnelRelay::start(Done done, Progress progress) {
@@ -82,6 +82,11 @@ void TunnelRelay::read_socket() {
       paused_ = true;  // on_writable resumes
       if (read_paused_) read_paused_();
       return;
+    }
+    // Not paused, but far behind a bypassed app (its sends are queued without limit): the same.
+    if (read_paused_ && n == kReadChunk &&
+        net::unread_bytes(socket_) > net::kMaxUnreadBeforePause) {
+      read_paused_();
     }
   }
   reading_ = true;

@@ -34,7 +34,7 @@ class TunnelRelay : public std::enable_shared_from_this<TunnelRelay> {
   // Takes over the stream's events at once; data that arrives before start() is held back.
   void attach();
   // Optional, before start(): run each time reading the socket pauses because the stream is above
-  // its high watermark. For a socket whose peer's bytes do not wait for our reads (a sockmap
+  // its high watermark, or falls more than net::kMaxUnreadBeforePause behind. For a socket whose peer's bytes do not wait for our reads (a sockmap
   // redirect into it), so that its owner can push back on that peer.
   void on_read_paused(std::function<void()> handler) { read_paused_ = std::move(handler); }
   // Starts moving bytes (attaches first if needed).
