@@ -12,7 +12,7 @@
  * if it finds a fresh note under the reversed tuple in its own netns. Anything else stays on the
  * stack (sockets whose peer is not local must stay out: in the SOCKHASH a blocking recv() can fail
  * with EAGAIN when the sockmap receive path wakes on unrelated events). Notes are removed when
- * consumed, when their socket closes, and are refused when older than SM_AWAIT_PEER_LIFETIME_NS.
+ * consumed, when their socket closes, and are refused when older than SM_NOTE_LIFETIME_NS.
  *
  * Only the app's sends are redirected. The proxy's sends towards the app go through the stack, so
  * that the app's receive queue is TCP's: an app that closes with unread data sends RST as it would
@@ -110,7 +110,7 @@ static __always_inline bool sm_passive_has_local_peer(const struct sm_flow_key* 
   if (note) {
     __u64 age = bpf_ktime_get_ns() - note->created_ns;
     bpf_map_delete_elem(&sm_await_peer, &peer_key);
-    if (age <= SM_AWAIT_PEER_LIFETIME_NS) return true;
+    if (age <= SM_NOTE_LIFETIME_NS) return true;
     sm_count(SM_CNT_BYPASS_REFUSED);
     return false;
   }

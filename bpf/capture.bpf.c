@@ -19,7 +19,6 @@
  *
  * Counters: each program run counts exactly one decision (see enum sm_counter). */
 #include "lib/packet.h"
-#include "lib/rules.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -48,6 +47,17 @@ static __always_inline int sm_known_socket_state(struct __sk_buff* skb, struct s
 /* A socket that is neither a listener nor in TIME_WAIT owns this flow: let TCP demux have it. */
 static __always_inline bool sm_flow_is_known(int state) {
   return state >= 0 && state != BPF_TCP_LISTEN && state != BPF_TCP_TIME_WAIT;
+}
+
+/* The proxy's own ports in a pod: never captured. */
+static __always_inline bool sm_is_proxy_port(__u16 port) {
+  return port == SM_PORT_HBONE || port == SM_PORT_OUTBOUND || port == SM_PORT_INBOUND_PLAIN;
+}
+
+/* Connections from the node itself (the kubelet's probes) reach the app uncaptured. */
+static __always_inline bool sm_is_node_exempt(const struct sm_ip* ip) {
+  __u32* node = bpf_map_lookup_elem(&sm_node_addrs, ip);
+  return node && (*node & SM_NODE_ADDR_EXEMPT);
 }
 
 static __always_inline int sm_no_listener(void) {
@@ -145,8 +155,9 @@ int sm_tc_egress(struct __sk_buff* skb) {
 }
 
 static __always_inline int sm_ingress_bounced(struct __sk_buff* skb, struct sm_packet* pkt) {
-  int state = sm_tcp_flags_is_syn(pkt->tcp_flags) ? sm_known_socket_state(skb, pkt) : 0;
-  if (!sm_tcp_flags_is_syn(pkt->tcp_flags) || sm_flow_is_known(state)) {
+  int state = -1;
+  if (!sm_tcp_flags_is_syn(pkt->tcp_flags) ||
+      sm_flow_is_known(state = sm_known_socket_state(skb, pkt))) {
     /* Keeps SM_MARK_BOUNCED: the fwmark rule delivers it locally. */
     sm_count(SM_CNT_PASSED);
     return SM_TC_ACT_OK;

@@ -40,7 +40,7 @@ int sm_sk_lookup(struct bpf_sk_lookup* ctx) {
   struct sm_time_wait_syn* note = bpf_map_lookup_elem(&sm_tw_syns, &flow);
   if (!note) return SK_PASS;
   __u32 kind = note->kind;
-  bool fresh = bpf_ktime_get_ns() - note->created_ns <= SM_AWAIT_PEER_LIFETIME_NS;
+  bool fresh = bpf_ktime_get_ns() - note->created_ns <= SM_NOTE_LIFETIME_NS;
   bpf_map_delete_elem(&sm_tw_syns, &flow);
   if (!fresh) return SK_PASS;
   /* The pod whose listener it is: the SYN's source for outbound, its destination for inbound. */

@@ -227,8 +227,7 @@ def client(args):
     elif args.mode == "pull":
         s, _ = connect(args)
         time.sleep(args.hold + 0.5)
-        total, h, _ = read_to_eof_keep_trailer(s, args.timeout)
-        out(**total)
+        out(**read_to_eof_keep_trailer(s, args.timeout))
         s.close()
     elif args.mode == "echo":
         s, _ = connect(args, bind=args.bind)
@@ -255,6 +254,7 @@ def client(args):
 
 
 def read_to_eof_keep_trailer(s, timeout):
+    """Reads to EOF; the last 40 bytes are source's trailer (count, SHA-256 of the rest)."""
     s.settimeout(timeout)
     h = hashlib.sha256()
     pending = b""
@@ -269,10 +269,10 @@ def read_to_eof_keep_trailer(s, timeout):
             h.update(body)
             total += len(body)
     if len(pending) != 40:
-        return {"intact": False, "error": "no trailer"}, None, None
+        return {"intact": False, "error": "no trailer"}
     count = struct.unpack("!Q", pending[:8])[0]
     return {"written": count, "received": total,
-            "intact": count == total and pending[8:] == h.digest()}, None, None
+            "intact": count == total and pending[8:] == h.digest()}
 
 
 def churn(args):

@@ -43,9 +43,10 @@
 #define SM_MAX_BYPASS_SOCKETS 65536
 #define SM_MAX_STACK_FLOWS 16384
 #define SM_MAX_AWAIT_PEER 4096
-/* How long a pairing note (sm_await_peer) may wait for its passive end: a local handshake's last ACK
- * arrives within microseconds, so anything older belongs to another connection. */
-#define SM_AWAIT_PEER_LIFETIME_NS 1000000000ull
+/* How long a note between two programs may wait for the event it announces: a pairing note in
+ * sm_await_peer for its passive end, a TIME_WAIT note in sm_tw_syns for its listener lookup. Both
+ * events follow within microseconds, so anything older belongs to another connection. */
+#define SM_NOTE_LIFETIME_NS 1000000000ull
 #define SM_MAX_NODE_ADDRS 256
 #define SM_MAX_TIME_WAIT_SYNS 4096
 

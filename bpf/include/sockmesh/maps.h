@@ -62,7 +62,7 @@ struct sm_flow_key {
 };
 
 /* Value of SM_MAP_AWAIT_PEER: when the active end was established. A passive end pairs with it only
- * within SM_AWAIT_PEER_LIFETIME_NS (a local handshake takes microseconds); an older note is stale,
+ * within SM_NOTE_LIFETIME_NS (a local handshake takes microseconds); an older note is stale,
  * removed and counted as a refused pairing. */
 struct sm_peer_note {
   __u64 created_ns; /* bpf_ktime_get_ns() */
@@ -71,7 +71,7 @@ struct sm_peer_note {
 /* Value of SM_MAP_TIME_WAIT_SYNS (LRU hash keyed by struct sm_flow_key, from the listener's side:
  * local = the SYN's destination): a SYN that tc handed to a TIME_WAIT socket of its tuple, and the
  * proxy listener (enum sm_listener_kind) that sm_sk_lookup is to give it. Consumed by that lookup,
- * microseconds later; an entry older than SM_AWAIT_PEER_LIFETIME_NS is ignored. */
+ * microseconds later; an entry older than SM_NOTE_LIFETIME_NS is ignored. */
 struct sm_time_wait_syn {
   __u32 kind;
   __u32 reserved;
