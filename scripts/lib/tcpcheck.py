@@ -19,7 +19,7 @@ between pods outside the mesh, and compare. Standard library only; every wait is
       abort        send --bytes, then wait for the server's close: "reset" or "eof"
       respond      read one byte of the response and close with the rest unread
       reconnect    --rounds connections from the same --bind IP:PORT (SO_REUSEADDR), each read to
-                   EOF: the connect time of each
+                   EOF: the connect time, the time to EOF and the bytes read of each
       churn        --conns short connections (--parallel at a time): connect, read to EOF;
                    connect times and failures
       push         write for --hold seconds to a server that does not read, then the rest of
@@ -197,16 +197,19 @@ def client(args):
         s.close()
         out(closed_at=at, got=len(first), local=local)
     elif args.mode == "reconnect":
-        times, errors = [], []
+        times, totals, received, errors = [], [], [], []
         for _ in range(args.rounds):
             try:
+                t0 = time.monotonic()
                 s, dt = connect(args, bind=args.bind)
-                read_to_eof(s, args.timeout)
+                total, _, _ = read_to_eof(s, args.timeout)
                 s.close()
                 times.append(round(dt * 1000, 2))
+                totals.append(round((time.monotonic() - t0) * 1000, 2))
+                received.append(total)
             except OSError as e:
                 errors.append(describe(e))
-        out(connect_ms=times, errors=errors)
+        out(connect_ms=times, total_ms=totals, received=received, errors=errors)
     elif args.mode == "churn":
         churn(args)
     elif args.mode == "push":

@@ -159,21 +159,38 @@ class TcpSemantics(unittest.TestCase):
                 self.assertEqual(len(r["connect_ms"]), 4)
                 self.assertLess(max(r["connect_ms"]), 100, "%s: %s" % (path, r))
 
+    def test_an_inbound_plaintext_dial_never_takes_a_live_client_port(self):
+        # Inbound plaintext keeps the client's IP: the proxy dials the app from inside its pod's
+        # netns as client:p', where it also holds the captured connection's accepted socket
+        # (local = app:port, remote = client:p). If p' were p, the dial's SYN would meet that
+        # socket, not the app's listener. The app pod's ephemeral range is cut to {p, p + 1}
+        # with p even (the kernel's connect() tries even ports first), so a kernel-chosen p' is
+        # p; the proxy must take p + 1. Each round must read the server's 100 bytes at once.
+        src, dst = self.pods["legacy-b"], self.pods["echo-a"]
+        rounds = []
+        try:
+            for i in range(10):
+                p = 47000 + 2 * i
+                dst.sh(["sysctl", "-qw", "net.ipv4.ip_local_port_range=%d %d" % (p, p + 1)])
+                r = self.run_in(src, "--target", self.target("echo-a", "close-first"),
+                                "--mode", "reconnect", "--bind", "%s:%d" % (src.ip, p),
+                                "--rounds", 1, "--timeout", 3)
+                rounds.append(r)
+        finally:
+            dst.sh(["sysctl", "-qw", "net.ipv4.ip_local_port_range=32768 60999"])
+        print("  inbound-plaintext, client port p, app pod range {p, p+1}: ms to EOF %s" % (
+            [r.get("total_ms") for r in rounds]))
+        for i, r in enumerate(rounds):
+            self.assertEqual(r.get("errors"), [], "round %d: %s" % (i, r))
+            self.assertEqual(r.get("received"), [100], "round %d: %s" % (i, r))
+            self.assertLess(max(r["total_ms"]), 500, "round %d: %s" % (i, r))
+
     def test_a_churn_through_a_narrow_port_range_never_hangs(self):
         # At least 20,000 short connections through the mesh in all, each closed by the server
         # first (so the proxy's socket next to the client holds TIME_WAIT), from a range of 300
         # ports: every port comes round over 20 times within TIME_WAIT's minute. The same churn without
         # the mesh runs first, as the baseline.
-        #
-        # Not inbound-plaintext: there the proxy's accepted socket (local = app:port, remote =
-        # client:p) and the app's socket for the proxy's own connection to it (local = app:port,
-        # remote = client:p', source IP kept, p' chosen by the kernel) share one netns, and the
-        # kernel does not keep p' off the ports of live accepted sockets; with p' == p the
-        # proxy's SYN meets the wrong socket (a reset, or a 1 s retry). That is rare with
-        # ordinary port ranges but frequent with this churn's; it is a known, open fault of
-        # source-preserving inbound plaintext (see docs/OPERATING.md 3.6), not of TIME_WAIT,
-        # whose reconnect case test_a_reconnect_... covers on that path too.
-        churn_paths = [p for p in MESH_PATHS if p[0] != "inbound-plaintext"]
+        churn_paths = MESH_PATHS
         per_path = -(-20000 // len(churn_paths))  # at least 20,000 in all
         counters0 = {n.name: (n.datapath_counter("time_wait_syn"),
                               n.datapath_counter("time_wait_reused")) for n in self.cluster.nodes}

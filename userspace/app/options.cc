@@ -104,6 +104,15 @@ const std::map<std::string, std::pair<Setter, const char*>>& flags() {
       {"preserve-source-ip", {[](const std::string& v, Options* o) {
                                 return parse_bool(v, &o->proxy.preserve_source_ip);
                               }, "apps see the client's IP (default true)"}},
+      {"kept-source-ports", {[](const std::string& v, Options* o) -> std::optional<std::string> {
+                               auto dash = v.find('-');
+                               long long low = 0, high = 0;
+                               if (dash == std::string::npos) return "expected LOW-HIGH, got '" + v + "'";
+                               if (auto e = parse_int(v.substr(0, dash), 1, 65535, &low)) return e;
+                               if (auto e = parse_int(v.substr(dash + 1), low, 65535, &high)) return e;
+                               o->proxy.kept_source_ports = {static_cast<uint16_t>(low), static_cast<uint16_t>(high)};
+                               return std::nullopt;
+                             }, "source ports of dials that keep the client's IP, LOW-HIGH (default 1024-32767: off clients' ephemeral ranges)"}},
       {"zds-socket", {text(&proxy::ProxyConfig::zds_socket), "in-pod mode: connect to the node agent's ZDS socket here and take pods from it (Istio's: /var/run/ztunnel/ztunnel.sock; default off)"}},
       {"bpf-pin-root", {[](const std::string& v, Options* o) -> std::optional<std::string> {
                           o->proxy.bpf_pin_root = v == "off" || v == "none" ? "" : v;

@@ -10,6 +10,9 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/log.h"
+#include "net/source_port.h"
+
 namespace sockmesh::net {
 namespace {
 
@@ -116,8 +119,31 @@ std::optional<std::string> prepare_dial(Tcp::socket& socket, const Endpoint& des
     setsockopt(fd, SOL_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
     socket.bind(sep, ec);
     if (ec == boost::system::errc::address_not_available) {
-      // Not a local address: only a transparent socket may use it.
-      if (set_transparent(fd, !src.ip.is_v4())) socket.bind(sep, ec);
+      // Not a local address: only a transparent socket may use it. The port is ours to choose
+      // then, off the four-tuples of the netns's live sockets in both directions (see
+      // source_port.h); if that cannot be done the kernel picks it at connect() as before.
+      if (set_transparent(fd, !src.ip.is_v4())) {
+        SourcePortChoice choice;
+        auto entered = run_in(options.netns.get(), [&] {
+          choice = choose_source_port(src.ip, destination, options.kept_source_ports.low,
+                                      options.kept_source_ports.high);
+        });
+        if (!entered && choice.port) {
+          int reuse = 1;  // dials to other destinations may share this source port
+          setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &reuse, sizeof reuse);
+          sep.port(*choice.port);
+        } else {
+          SM_DEBUG("net") << "source port for " << src.ip.to_string() << " -> "
+                          << destination.to_string()
+                          << " left to the kernel: " << (entered ? *entered : choice.reason);
+        }
+        if (choice.held > 0) {
+          SM_DEBUG("net") << "source port for " << src.ip.to_string() << " -> "
+                          << destination.to_string() << ": " << choice.held
+                          << " candidate(s) held by a live socket of the netns, skipped";
+        }
+        socket.bind(sep, ec);
+      }
     }
     if (!ec && source_kept != nullptr) *source_kept = true;
     if (ec) {

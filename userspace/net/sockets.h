@@ -31,8 +31,17 @@ std::optional<std::string> listen(Tcp::acceptor& acceptor, const Endpoint& at,
 // address; for an iptables REDIRECT it is SO_ORIGINAL_DST.
 std::optional<Endpoint> original_destination(Tcp::socket& socket);
 
+// Source ports a dial from a foreign (kept) source address takes: by default below the ranges
+// clients draw their own ports from (Linux 32768-60999, IANA 49152-65535), so that a client's next
+// connection cannot meet a socket of the proxy's dial (see source_port.h).
+struct PortRange {
+  uint16_t low = 1024;
+  uint16_t high = 32767;
+};
+
 struct DialOptions {
   std::optional<IpAddress> source;     // bind to this address first (source IP preservation)
+  PortRange kept_source_ports;         // the port of a foreign `source`, chosen by the proxy
   uint32_t mark = 0;                   // SO_MARK, so that capture skips the proxy's own sockets
   std::shared_ptr<const Netns> netns;  // create the socket in this pod's netns (null: here)
 };

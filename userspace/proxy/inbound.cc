@@ -125,6 +125,7 @@ void handle_request(ProxyContext& ctx, Worker& worker, std::shared_ptr<InboundSe
 
   net::DialOptions dial_opts;
   if (ctx.config.preserve_source_ip) dial_opts.source = session->peer.ip;
+  dial_opts.kept_source_ports = ctx.config.kept_source_ports;
   dial_opts.mark = ctx.config.mark_to_app;
   dial_opts.netns = ctx.pod_netns.find(target->ip);  // in-pod mode: dial from the pod's netns
   std::string dst_uid = dst->uid;

@@ -54,6 +54,7 @@ void InboundPlaintext::handle(Worker& worker, Tcp::socket socket) {
   }
   net::DialOptions opts;
   if (ctx.config.preserve_source_ip) opts.source = client.ip;
+  opts.kept_source_ports = ctx.config.kept_source_ports;
   opts.mark = ctx.config.mark_to_app;
   opts.netns = ctx.pod_netns.find(dst->ip);  // in-pod mode: dial from the pod's netns
   auto client_sock = std::make_shared<Tcp::socket>(std::move(socket));

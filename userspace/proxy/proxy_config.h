@@ -8,6 +8,7 @@
 
 #include "base/ip_address.h"
 #include "h2/connection.h"
+#include "net/sockets.h"
 #include "sockmesh/consts.h"  // the kernel ABI: marks the BPF programs test, the pin root
 
 namespace sockmesh::proxy {
@@ -42,6 +43,8 @@ struct ProxyConfig {
   uint16_t hbone_port = kHbonePort;
 
   bool preserve_source_ip = true;
+  // The source ports of those dials (the client's port is not kept: see net/source_port.h).
+  net::PortRange kept_source_ports;
   // SO_MARK of the proxy's sockets, as bpf/include/sockmesh/consts.h defines them: tc never
   // captures a packet carrying SM_MARK_PROXY, and sockops puts sockets with SM_MARK_LOCAL_HOP
   // into the bypass map. `mark`: listeners, upstream and HBONE sockets; `mark_to_app`: the
