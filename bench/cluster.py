@@ -34,7 +34,9 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 
@@ -66,7 +68,11 @@ PATHS = [
     ("bypass", "(2) sockmesh: tc + sockmap bypass"),
     ("nobypass", "(3) sockmesh: tc, no bypass"),
     ("iptables", "(4) sockmesh fed by iptables REDIRECT"),
+    # --baseline-rev / --baseline-build: (2) and (3) again, on the binaries of another build.
+    ("basebypass", "(2b) as (2), baseline build"),
+    ("basenobypass", "(3b) as (3), baseline build"),
 ]
+BASELINE_PATHS = ("basebypass", "basenobypass")
 TOPOLOGIES = [("cross", "across nodes"), ("same", "same node")]
 
 
@@ -120,9 +126,10 @@ class ClusterBench:
         if time.time() - self.t0 > self.o.max_seconds:
             raise BenchError("over the time budget of %d s (--max-seconds)" % self.o.max_seconds)
 
-    def new_cluster(self, what, bypass):
-        log("cluster for %s (bypass=%s): nodes, CNI, agents, proxies" % (what, bypass))
-        c = self.lib.Cluster(bypass=bypass, log=lambda m: log("  " + m))
+    def new_cluster(self, what, bypass, build=None):
+        log("cluster for %s (bypass=%s%s): nodes, CNI, agents, proxies" % (
+            what, bypass, ", binaries of " + build if build else ""))
+        c = self.lib.Cluster(bypass=bypass, log=lambda m: log("  " + m), build=build)
         self.made.append(c)
         return c
 
@@ -187,12 +194,13 @@ class ClusterBench:
 
     def setup(self):
         o = self.o
-        specs = [("bypass", True), ("nobypass", False), ("iptables", False)]
+        specs = [("bypass", True), ("nobypass", False), ("iptables", False),
+                 ("basebypass", True), ("basenobypass", False)]
         for path, bypass in specs:
             if path not in o.paths and not (path == "iptables" and "nomesh" in o.paths):
                 continue
             self.check_budget()
-            c = self.new_cluster(path, bypass)
+            c = self.new_cluster(path, bypass, o.baseline_build if path in BASELINE_PATHS else None)
             if path == "iptables":
                 c.label_namespace("plain", False)
             c.label_namespace("mesh-" + path, True)
@@ -448,7 +456,7 @@ class ClusterBench:
         topos = [t for t in TOPOLOGIES if any(x.topo == t[0] for x in self.combos)]
         paths = [p for p in PATHS if any(x.path == p[0] for x in self.combos)]
         colours = {"nomesh": "#8c8c8c", "bypass": "#2ca02c", "nobypass": "#1f77b4",
-                   "iptables": "#d62728"}
+                   "iptables": "#d62728", "basebypass": "#98df8a", "basenobypass": "#aec7e8"}
         panels = [("tp1", "1 stream, Gbit/s (higher is better)"),
                   ("tp8", "%d streams, Gbit/s (higher is better)" % o.streams),
                   ("cpu_per_gb", "CPU s per GB moved (cgroup tree)"),
@@ -506,7 +514,12 @@ class ClusterBench:
         text, raw, s = self.report(res, ev0, ev1, rss)
         png = os.path.splitext(self.o.out)[0] + ".png"
         os.makedirs(os.path.dirname(png), exist_ok=True)
-        if self.chart(s, png):
+        try:
+            charted = self.chart(s, png)
+        except Exception as e:  # the table matters more than the picture
+            self.notes.append("(no chart: %s)" % e)
+            charted = False
+        if charted:
             text += "\nChart: %s\n" % os.path.relpath(png, ROOT)
             log("chart written to %s" % png)
         else:
@@ -530,8 +543,19 @@ def parse_args(argv):
     ap.add_argument("--topologies", default="cross,same", help="comma list of: cross, same")
     ap.add_argument("--out", help="Markdown file (default bench/results/cluster-<time>.md)")
     ap.add_argument("--max-seconds", type=int, help="time budget of the whole run")
+    ap.add_argument("--baseline-rev", help="also run (2) and (3) on binaries built from this git "
+                    "revision (rows (2b), (3b)), e.g. the commit before a fix: it is built once "
+                    "in build-base/<rev>/")
+    ap.add_argument("--baseline-build", help="as --baseline-rev, with the binaries of this build "
+                    "directory")
     o = ap.parse_args(argv)
     o.paths = [p for p in o.paths.split(",") if p]
+    if o.baseline_rev and o.baseline_build:
+        ap.error("--baseline-rev or --baseline-build, not both")
+    if o.baseline_rev or o.baseline_build:
+        o.paths += [p for p in BASELINE_PATHS if p not in o.paths]
+    elif any(p in BASELINE_PATHS for p in o.paths):
+        ap.error("paths %s need --baseline-rev or --baseline-build" % ", ".join(BASELINE_PATHS))
     o.topologies = [t for t in o.topologies.split(",") if t]
     for p in o.paths:
         if p not in dict(PATHS):
@@ -554,11 +578,51 @@ def parse_args(argv):
     return o
 
 
+def build_baseline(rev):
+    """Builds `rev` of this repository once, in build-base/<commit>/build; returns that directory."""
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=12", rev + "^{commit}"],
+                            capture_output=True, text=True)
+    if commit.returncode != 0:
+        raise BenchError("--baseline-rev %s: %s" % (rev, commit.stderr.strip()))
+    top = os.path.join(ROOT, "build-base", commit.stdout.strip())
+    src, build = os.path.join(top, "src"), os.path.join(top, "build")
+    if os.access(os.path.join(build, "userspace", "sockmesh-proxy"), os.X_OK):
+        log("baseline %s: already built in %s" % (rev, build))
+        return build
+    log("baseline %s: git archive into %s, then cmake (a few minutes on 2 CPUs)" % (rev, src))
+    shutil.rmtree(top, ignore_errors=True)
+    os.makedirs(src)
+    archive = subprocess.Popen(["git", "-C", ROOT, "archive", commit.stdout.strip()],
+                               stdout=subprocess.PIPE)
+    subprocess.run(["tar", "-x", "-C", src], stdin=archive.stdout, check=True)
+    if archive.wait() != 0:
+        raise BenchError("git archive %s failed" % rev)
+    for cmd in (["cmake", "-S", src, "-B", build, "-G", "Ninja",
+                 "-DCMAKE_BUILD_TYPE=RelWithDebInfo"],
+                ["cmake", "--build", build, "-j", str(os.cpu_count() or 2)]):
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise BenchError("baseline build failed: %s\n%s" % (" ".join(cmd), r.stdout[-3000:]
+                                                                   + r.stderr[-3000:]))
+    log("baseline %s: built in %s" % (rev, build))
+    return build
+
+
 def main(argv):
     o = parse_args(argv)
     if os.geteuid() != 0:
         log("needs root (network namespaces, CNI, BPF, cgroups, iptables)")
         return 1
+    if o.baseline_rev:
+        try:
+            o.baseline_build = build_baseline(o.baseline_rev)
+        except BenchError as e:
+            log(str(e))
+            return 1
+    if o.baseline_build:
+        o.baseline_build = os.path.abspath(o.baseline_build)
+        PATHS[:] = [(k, v.replace("baseline build", "binaries of " + (
+            o.baseline_rev or o.baseline_build))) for k, v in PATHS]
     # scripts/lib/cluster.py finds the binaries through this.
     os.environ["SOCKMESH_BUILD_DIR"] = os.path.abspath(o.build_dir)
     return run_bench(lambda: ClusterBench(o), o.out, "cluster benchmark")

@@ -91,10 +91,11 @@ def build_dir():
     return os.environ.get("SOCKMESH_BUILD_DIR") or os.path.join(ROOT, "build")
 
 
-def binary(name):
+def binary(name, build=None):
+    """A sockmesh binary of `build` (a build directory; default build_dir())."""
     sub = {"sockmesh-proxy": "userspace", "sockmesh-loader": "loader", "sockmesh-cni": "cni",
            "sockmesh-install-cni": "cni", "sockmesh-loadgen": "bench"}[name]
-    path = os.path.join(build_dir(), sub, name)
+    path = os.path.join(build or build_dir(), sub, name)
     if not os.access(path, os.X_OK):
         raise ClusterError("%s is not built (%s); run cmake --build build" % (name, path))
     return path
@@ -389,7 +390,7 @@ class Node:
             self.proxy.stop(signal.SIGKILL)  # reaps one that was stopped or killed before
         self.proxy_runs += 1
         c = self.cluster
-        argv = [binary("sockmesh-proxy"), "--node", self.name, "--config", c.config_path,
+        argv = [c.binary("sockmesh-proxy"), "--node", self.name, "--config", c.config_path,
                 "--config-poll-ms", "200", "--state-dir", c.ca_dir,
                 "--zds-socket", self.zds_socket, "--bpf-pin-root", self.pin_root,
                 "--admin", "127.0.0.1:15000", "--metrics", "0.0.0.0:15020",
@@ -415,7 +416,7 @@ class Node:
             self.agent.stop(signal.SIGKILL)
         self.agent_runs += 1
         c = self.cluster
-        argv = [binary("sockmesh-loader"), "--pin-root", self.pin_root, "--log-level", "info",
+        argv = [c.binary("sockmesh-loader"), "--pin-root", self.pin_root, "--log-level", "info",
                 "run", "--run-dir", self.run_dir, "--labels-from", "config",
                 "--config", c.config_path, "--node", self.name,
                 "--zds-socket", self.zds_socket, "--cgroup", self.cgroup]
@@ -458,7 +459,7 @@ class Node:
         return json.loads(self.http("127.0.0.1:15000", "/config_dump"))
 
     def loader(self, *args, check=True):
-        return run([binary("sockmesh-loader"), "--pin-root", self.pin_root] + list(args),
+        return run([self.cluster.binary("sockmesh-loader"), "--pin-root", self.pin_root] + list(args),
                    check=check)
 
     def bpftool_dump(self, map_name):
@@ -514,9 +515,13 @@ class Node:
 class Cluster:
     """Two (or more) simulated nodes; pods added with add_pod(); close() removes everything."""
 
+    def binary(self, name):
+        return binary(name, self.build)
+
     def __init__(self, nodes=("node-a", "node-b"), bypass=True, keep=False, drain_timeout_ms=3000,
-                 log=None, work=None):
+                 log=None, work=None, build=None):
         _counter[0] += 1
+        self.build = build  # the build directory whose binaries it runs (None: build_dir())
         self.id = "%s-%d-%d" % (PREFIX, os.getpid(), _counter[0])
         self.bypass, self.keep, self.drain_timeout_ms = bypass, keep, drain_timeout_ms
         self.say = log or (lambda msg: None)
@@ -597,8 +602,8 @@ class Cluster:
         with open(os.path.join(n.conf_dir, "10-bridge.conflist"), "w") as f:
             json.dump(base, f, indent=2)
         # sockmesh-install-cni appends sockmesh-cni and copies the plugin, as its DaemonSet does.
-        run([binary("sockmesh-install-cni"), "--once", "--cni-bin-dir", n.bin_dir,
-             "--cni-conf-dir", n.conf_dir, "--plugin", binary("sockmesh-cni"),
+        run([self.binary("sockmesh-install-cni"), "--once", "--cni-bin-dir", n.bin_dir,
+             "--cni-conf-dir", n.conf_dir, "--plugin", self.binary("sockmesh-cni"),
              "--service-account-dir", os.path.join(n.dir, "no-service-account"),
              "--agent-socket", os.path.join(n.run_dir, "cni.sock"),
              "--namespace-hints", os.path.join(n.run_dir, "cni-namespaces.json"),
@@ -742,7 +747,7 @@ class Cluster:
                     proc.stop(signal.SIGKILL, timeout=5)
         for n in self._made["installs"]:
             if os.path.isdir(n.pin_root):
-                out = run([binary("sockmesh-loader"), "--pin-root", n.pin_root, "uninstall",
+                out = run([self.binary("sockmesh-loader"), "--pin-root", n.pin_root, "uninstall",
                            "--force"], check=False)
                 if os.path.isdir(n.pin_root):
                     errors.append("uninstall %s: %s" % (n.pin_root, out.strip()))
