@@ -5,7 +5,7 @@
 //
 // The agent is this file's call_agent, which the linker takes instead of agent_client.cc's (the
 // plugin's library is static): no socket is ever opened, and the event the plugin would send is
-// checked to decode back to itself, as the agent would read it.
+// checked to decode as the agent would read it.
 #include <sys/stat.h>
 
 #include <cstddef>
@@ -34,7 +34,8 @@ AgentCall call_agent(const std::string& socket_path, const PodEvent& event, int 
   std::string error;
   auto back = decode_pod_event(request, &error);
   FUZZ_CHECK(back.has_value());
-  FUZZ_CHECK(*back == event);
+  // Equal but for bytes that are not UTF-8, which encode() replaces: the encoding is a fixed point.
+  FUZZ_CHECK(encode(*back) == request);
   AgentCall call;
   if (!g_agent_present) {
     call.status = CallStatus::kUnreachable;

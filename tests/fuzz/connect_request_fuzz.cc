@@ -24,7 +24,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   h2::Request req;
   req.method = "CONNECT";
   req.authority = std::string(in.substr(0, nl));
-  if (nl != std::string_view::npos) req.headers.push_back({"forwarded", std::string(in.substr(nl + 1))});
+  if (nl != std::string_view::npos)
+    req.headers.push_back({"forwarded", std::string(in.substr(nl + 1))});
 
   if (auto target = Endpoint::parse(req.authority)) {
     auto again = Endpoint::parse(target->to_string());

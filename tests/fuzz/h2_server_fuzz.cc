@@ -106,8 +106,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   socket.assign(Tcp::v4(), fds[0]);  // a stream socket; the protocol tag is not checked
   auto tls = std::make_unique<h2::TlsStream>(std::move(socket), *g_tls);
   h2::Settings settings;
-  auto conn = std::make_shared<h2::H2Connection>(std::move(tls), h2::H2Connection::Role::kServer,
-                                                 settings);
+  auto conn =
+      std::make_shared<h2::H2Connection>(std::move(tls), h2::H2Connection::Role::kServer, settings);
   conn->use_cleartext_for_testing();
   bool closed = false;
   conn->set_request_handler(handle_request);

@@ -44,9 +44,9 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   g_server->route("/", echo);
   g_server->route("/logging", echo);
   g_server->route("/stats/prometheus", echo);
-  auto any = Endpoint::parse("127.0.0.1:0");
-  FUZZ_CHECK(any.has_value());
-  auto err = g_server->listen(*any);
+  auto loopback = IpAddress::parse("127.0.0.1");
+  FUZZ_CHECK(loopback.has_value());
+  auto err = g_server->listen(Endpoint{*loopback, 0});
   FUZZ_CHECK(!err.has_value());
   Endpoint at = g_server->local_endpoint();
   g_at = Tcp::endpoint(boost::asio::ip::make_address(at.ip.to_string()), at.port);
