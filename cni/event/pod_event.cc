@@ -59,6 +59,13 @@ std::optional<Json> parse_object(std::string_view text, std::string* error) {
   return j;
 }
 
+// The text of a message. The fields come from the runtime's environment (CNI_CONTAINERID, ...) or
+// from the agent's own messages, neither of which is sure to be UTF-8: such bytes are replaced
+// (U+FFFD) rather than thrown on, which would abort the plugin or the agent's reply.
+std::string dump(const Json& j, int indent = -1) {
+  return j.dump(indent, ' ', false, Json::error_handler_t::replace);
+}
+
 bool check_version(const Json& j, std::string* error) {
   auto it = j.find("version");
   if (it == j.end() || !it->is_number_integer()) {
@@ -105,14 +112,14 @@ std::string encode(const PodEvent& e) {
             {"podUid", e.pod_uid},
             {"ips", e.ips},
             {"deadlineMs", e.deadline_ms}};
-  return j.dump();
+  return dump(j);
 }
 
 std::string encode(const AgentReply& r) {
   Json j = {{"version", kProtocolVersion},
             {"outcome", std::string(to_string(r.outcome))},
             {"message", r.message}};
-  return j.dump();
+  return dump(j);
 }
 
 std::optional<PodEvent> decode_pod_event(std::string_view text, std::string* error) {
@@ -170,7 +177,7 @@ std::string encode(const NamespaceHints& h) {
             {"ambient", h.ambient},
             {"other", h.other},
             {"excluded", h.excluded}};
-  return j.dump(2) + "\n";
+  return dump(j, 2) + "\n";
 }
 
 std::optional<NamespaceHints> decode_namespace_hints(std::string_view text, std::string* error) {

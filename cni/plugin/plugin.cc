@@ -26,7 +26,9 @@ struct Invocation {
     j["code"] = static_cast<int>(e.code);
     j["msg"] = e.msg;
     if (!e.details.empty()) j["details"] = e.details;
-    out.stdout_text = j.dump() + "\n";
+    // A message may quote the input (a JSON parse error quotes the bytes it stopped at): bytes
+    // that are not UTF-8 are replaced, as dump() would otherwise throw and abort the plugin.
+    out.stdout_text = j.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
     out.exit_code = 1;
     note("error " + std::to_string(static_cast<int>(e.code)) + ": " + e.msg +
          (e.details.empty() ? "" : " (" + e.details + ")"));

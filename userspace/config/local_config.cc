@@ -1,5 +1,6 @@
 #include "config/local_config.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <initializer_list>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -86,6 +88,48 @@ std::string line_of(const YAML::Mark& mark) {
 }
 
 constexpr std::string_view kUnsupported = "is not supported by sockmesh";
+
+// Where each of the text's first `limit` YAML documents starts: the position of its top node.
+// yaml-cpp 0.7's LoadAll never returns on some malformed text (a stray ',' at the top, as in
+// "!tag ," or "&anchor ,"): the parser then reports an empty document at the same place again and
+// again, and LoadAll collects them until memory runs out (jbeder/yaml-cpp#1040). Counting at most
+// `limit` documents with the parser's events ends either way.
+std::vector<YAML::Mark> document_starts(const std::string& text, size_t limit) {
+  struct Starts : YAML::EventHandler {
+    std::vector<YAML::Mark> marks;
+    bool top = false;  // the next node event is a document's top node
+    void node(const YAML::Mark& mark) {
+      if (top) marks.back() = mark;
+      top = false;
+    }
+    void OnDocumentStart(const YAML::Mark& mark) override {
+      marks.push_back(mark);
+      top = true;
+    }
+    void OnDocumentEnd() override {}
+    void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { node(mark); }
+    void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { node(mark); }
+    void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  const std::string&) override {
+      node(mark);
+    }
+    void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                         YAML::EmitterStyle::value) override {
+      node(mark);
+    }
+    void OnSequenceEnd() override {}
+    void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                    YAML::EmitterStyle::value) override {
+      node(mark);
+    }
+    void OnMapEnd() override {}
+  } starts;
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  while (starts.marks.size() < limit && parser.HandleNextDocument(starts)) {
+  }
+  return starts.marks;
+}
 
 class Parser {
  public:
@@ -647,8 +691,15 @@ state::Namespace Parser::namespace_entry(const Val& v) {
 
 state::SnapshotPtr Parser::run(std::string_view text) {
   visits_left_ = 4 * text.size() + 10000;
-  std::vector<YAML::Node> docs = YAML::LoadAll(std::string(text));
-  if (docs.size() > 1) fail(docs[1].Mark(), "", "expected one YAML document, found more");
+  std::string input(text);
+  // Three, to tell a second document from the parser stuck on one spot (see document_starts).
+  std::vector<YAML::Mark> starts = document_starts(input, 3);
+  if (starts.size() > 2 && starts[2].pos == starts[1].pos) {
+    fail(starts[1], "", "malformed YAML: no value can start here");
+  }
+  if (starts.size() > 1) fail(starts[1], "", "expected one YAML document, found more");
+  std::vector<YAML::Node> docs;
+  if (!starts.empty()) docs.push_back(YAML::Load(input));
   std::vector<state::Workload> workloads;
   std::vector<state::Service> services;
   std::vector<state::Policy> policies;

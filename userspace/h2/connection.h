@@ -165,6 +165,9 @@ class H2Connection : public std::enable_shared_from_this<H2Connection> {
 
   // Sends the preface and SETTINGS and starts reading. Returns false if nghttp2 refused.
   bool start();
+  // Tests and fuzzing only, before start(): the socket carries the HTTP/2 frames in the clear and
+  // the TLS stream's SSL object is never used, so that frames can be fed without a handshake.
+  void use_cleartext_for_testing() { cleartext_ = true; }
 
   // Client: opens a CONNECT stream to authority ("ip:port"). nullptr if the connection cannot
   // take another stream.
@@ -206,6 +209,8 @@ class H2Connection : public std::enable_shared_from_this<H2Connection> {
   // The custom BIO under the SSL object: reads come from in_, writes go to out_.
   friend struct TlsBio;
   void take_over_tls();
+  // Cleartext mode's SSL_read_ex: takes up to len bytes of in_.
+  int take_cleartext(uint8_t* to, size_t len, size_t* got);
   void read_loop();
   void on_readable();
   // Tells every stream that received DATA in this read that the read is over (on_batch_end).
@@ -240,6 +245,7 @@ class H2Connection : public std::enable_shared_from_this<H2Connection> {
   std::vector<std::shared_ptr<H2Stream>> batch_streams_;
   bool writing_ = false;  // waiting until the socket takes more
   bool takeover_failed_ = false;
+  bool cleartext_ = false;  // use_cleartext_for_testing()
   bool reading_ = false;
   bool closed_ = false;
   bool going_away_ = false;

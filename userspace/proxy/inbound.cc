@@ -8,6 +8,7 @@
 #include "proxy/connection_record.h"
 #include "proxy/context.h"
 #include "proxy/dial.h"
+#include "proxy/forwarded.h"
 #include "proxy/tunnel_relay.h"
 
 namespace sockmesh::proxy {
@@ -38,18 +39,6 @@ struct InboundSession {
 
 void refuse(const std::shared_ptr<h2::H2Stream>& stream, int status, const std::string& reason) {
   stream->respond(status, {{"sockmesh-error", reason}});
-}
-
-std::string forwarded_for(const h2::Request& req) {
-  const std::string* f = req.header("forwarded");
-  if (f == nullptr) return {};
-  auto pos = f->find("for=");
-  if (pos == std::string::npos) return {};
-  std::string v = f->substr(pos + 4);
-  auto end = v.find_first_of(";,");
-  if (end != std::string::npos) v.resize(end);
-  if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
-  return v;
 }
 
 void handle_request(ProxyContext& ctx, Worker& worker, std::shared_ptr<InboundSession> session,

@@ -12,6 +12,7 @@
 #include "net/sockets.h"
 #include "proxy/context.h"
 #include "proxy/outbound.h"
+#include "proxy/socks5_negotiate.h"
 
 namespace sockmesh::proxy {
 namespace {
@@ -20,20 +21,6 @@ using Tcp = boost::asio::ip::tcp;
 using boost::asio::awaitable;
 using boost::asio::use_awaitable;
 
-enum Reply : uint8_t {
-  kSucceeded = 0,
-  kGeneralFailure = 1,
-  kNotAllowed = 2,
-  kHostUnreachable = 4,
-  kConnectionRefused = 5,
-  kCommandNotSupported = 7,
-  kAddressTypeNotSupported = 8,
-};
-
-std::array<uint8_t, 10> reply(uint8_t code) {
-  return {5, code, 0, 1, 0, 0, 0, 0, 0, 0};
-}
-
 const state::Service* service_by_hostname(const state::Snapshot& snap, const std::string& host) {
   for (const auto& s : snap.services()) {
     if (s.hostname == host) return &s;
@@ -41,79 +28,12 @@ const state::Service* service_by_hostname(const state::Snapshot& snap, const std
   return nullptr;
 }
 
-struct Negotiated {
-  bool ok = false;
-  Endpoint destination;
-};
-
-// Reads the greeting and the request; answers errors itself.
-awaitable<Negotiated> negotiate(ProxyContext& ctx, Tcp::socket& s) {
-  Negotiated out;
-  uint8_t head[2];
-  co_await boost::asio::async_read(s, boost::asio::buffer(head), use_awaitable);
-  if (head[0] != 5 || head[1] == 0) {
-    SM_INFO("socks5") << "not a SOCKS5 greeting (version " << int(head[0]) << ")";
-    co_return out;
+std::optional<IpAddress> resolve_host(ProxyContext& ctx, const std::string& host) {
+  auto snap = ctx.store->get();
+  if (const auto* svc = service_by_hostname(*snap, host); svc && !svc->vips.empty()) {
+    return svc->vips.front().ip;
   }
-  std::vector<uint8_t> methods(head[1]);
-  co_await boost::asio::async_read(s, boost::asio::buffer(methods), use_awaitable);
-  bool no_auth = std::find(methods.begin(), methods.end(), 0) != methods.end();
-  uint8_t choice[2] = {5, static_cast<uint8_t>(no_auth ? 0 : 0xff)};
-  co_await boost::asio::async_write(s, boost::asio::buffer(choice), use_awaitable);
-  if (!no_auth) co_return out;
-
-  uint8_t req[4];
-  co_await boost::asio::async_read(s, boost::asio::buffer(req), use_awaitable);
-  if (req[0] != 5) co_return out;
-  if (req[1] != 1) {
-    auto r = reply(kCommandNotSupported);
-    co_await boost::asio::async_write(s, boost::asio::buffer(r), use_awaitable);
-    co_return out;
-  }
-  std::optional<IpAddress> ip;
-  if (req[3] == 1) {
-    std::array<uint8_t, 4> a;
-    co_await boost::asio::async_read(s, boost::asio::buffer(a), use_awaitable);
-    ip = IpAddress::v4((uint32_t(a[0]) << 24) | (uint32_t(a[1]) << 16) | (uint32_t(a[2]) << 8) |
-                       a[3]);
-  } else if (req[3] == 4) {
-    std::array<uint8_t, 16> a;
-    co_await boost::asio::async_read(s, boost::asio::buffer(a), use_awaitable);
-    ip = IpAddress::from_bytes16(a);
-  } else if (req[3] == 3) {
-    uint8_t len = 0;
-    co_await boost::asio::async_read(s, boost::asio::buffer(&len, 1), use_awaitable);
-    std::string host(len, '\0');
-    co_await boost::asio::async_read(s, boost::asio::buffer(host), use_awaitable);
-    // Names resolve against the mesh's services only: the proxy does no DNS.
-    auto snap = ctx.store->get();
-    if (const auto* svc = service_by_hostname(*snap, host); svc && !svc->vips.empty()) {
-      ip = svc->vips.front().ip;
-    } else if (auto literal = IpAddress::parse(host)) {
-      ip = literal;
-    }
-    if (!ip) {
-      SM_INFO("socks5") << "unknown host " << host;
-      uint8_t port[2];
-      co_await boost::asio::async_read(s, boost::asio::buffer(port), use_awaitable);
-      auto r = reply(kHostUnreachable);
-      co_await boost::asio::async_write(s, boost::asio::buffer(r), use_awaitable);
-      co_return out;
-    }
-  } else {
-    auto r = reply(kAddressTypeNotSupported);
-    co_await boost::asio::async_write(s, boost::asio::buffer(r), use_awaitable);
-    co_return out;
-  }
-  uint8_t port[2];
-  co_await boost::asio::async_read(s, boost::asio::buffer(port), use_awaitable);
-  out.destination = Endpoint{*ip, static_cast<uint16_t>((port[0] << 8) | port[1])};
-  out.ok = out.destination.port != 0;
-  if (!out.ok) {
-    auto r = reply(kGeneralFailure);
-    co_await boost::asio::async_write(s, boost::asio::buffer(r), use_awaitable);
-  }
-  co_return out;
+  return IpAddress::parse(host);
 }
 
 }  // namespace
@@ -136,8 +56,11 @@ void Socks5::handle(Worker& worker, Tcp::socket socket) {
   Endpoint client = net::from_asio(peer);
   boost::asio::co_spawn(
       worker.io(),
-      [&ctx, sock]() -> awaitable<Negotiated> { co_return co_await negotiate(ctx, *sock); },
-      [&outbound, &worker, sock, timer, client](std::exception_ptr e, Negotiated n) {
+      [&ctx, sock]() -> awaitable<socks5::Negotiated> {
+        co_return co_await socks5::negotiate(
+            *sock, [&ctx](const std::string& host) { return resolve_host(ctx, host); });
+      },
+      [&outbound, &worker, sock, timer, client](std::exception_ptr e, socks5::Negotiated n) {
         timer->cancel();
         if (e || !n.ok || !sock->is_open()) {
           boost::system::error_code ignored;
@@ -147,13 +70,13 @@ void Socks5::handle(Worker& worker, Tcp::socket socket) {
         outbound.handle(worker, std::move(*sock), client, n.destination,
                         [](const OutboundOutcome& o, Outbound::ClientSocket client_sock,
                            std::function<void()> proceed) {
-                          uint8_t code = kSucceeded;
+                          uint8_t code = socks5::kSucceeded;
                           if (!o.ok) {
-                            code = o.policy_denied ? kNotAllowed
-                                   : o.unreachable ? kConnectionRefused
-                                                   : kGeneralFailure;
+                            code = o.policy_denied ? socks5::kNotAllowed
+                                   : o.unreachable ? socks5::kConnectionRefused
+                                                   : socks5::kGeneralFailure;
                           }
-                          auto r = std::make_shared<std::array<uint8_t, 10>>(reply(code));
+                          auto r = std::make_shared<std::array<uint8_t, 10>>(socks5::reply(code));
                           boost::asio::async_write(
                               *client_sock, boost::asio::buffer(*r),
                               [r, client_sock, ok = o.ok, proceed = std::move(proceed)](

@@ -288,6 +288,22 @@ TEST_F(PluginTest, BadInputGivesTheSpecsCodesAndBothersNobody) {
   EXPECT_TRUE(agent.events().empty()) << "bad input must not reach the agent";
 }
 
+// Found by the cni_plugin fuzz target: a message quoting bytes that are not UTF-8 (a JSON parse
+// error quotes where it stopped, an unknown CNI_COMMAND is quoted) made the JSON writer throw, and
+// the plugin died on SIGABRT with nothing on stdout; an event with such a CNI_CONTAINERID too.
+TEST_F(PluginTest, BytesThatAreNotUtf8GetAnErrorOrPassNeverAnAbort) {
+  expect_error(run_binary(env("ADD"), "{\"cniVersion\": \"1.0.0\", \"name\": \"\xff\xfe\"}"), 6,
+               "not valid JSON");
+  expect_error(run_binary(env("AD\xff"), config().dump()), 4, "CNI_COMMAND");
+  FakeAgent agent(socket(), AgentReply{Outcome::kEnrolled, ""});
+  auto e = env("ADD");
+  e["CNI_CONTAINERID"] = "0123\xc3";
+  PluginRun r = run_binary(e, config().dump());
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  ASSERT_EQ(agent.events().size(), 1u);
+  EXPECT_EQ(agent.events()[0].container_id, "0123\xef\xbf\xbd");  // U+FFFD
+}
+
 TEST_F(PluginTest, VersionListsTheSpecVersions) {
   PluginRun r = run_binary({{"CNI_COMMAND", "VERSION"}}, R"({"cniVersion": "1.0.0"})");
   ASSERT_EQ(r.exit_code, 0);

@@ -655,6 +655,11 @@ const BadCase kBadCases[] = {
      "invalid YAML"},
     {"MultipleDocuments", "workloads: []\n---\nservices: []\n", 3, 1, "",
      "expected one YAML document"},
+    // Found by the local_config fuzz target: yaml-cpp 0.7's LoadAll looped forever on these,
+    // allocating an empty document per round (jbeder/yaml-cpp#1040).
+    {"StrayCommaAfterATag", "!canonicalNameuid,:0u1", 1, 0, "", "malformed YAML"},
+    {"StrayCommaAfterAnAnchor", "&a ,\n", 1, 0, "", "malformed YAML"},
+    {"StrayComma", ",\n", 1, 0, "", "malformed YAML"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, InvalidConfig, ::testing::ValuesIn(kBadCases),
