@@ -3,10 +3,14 @@
 #include "proxy/dial.h"
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
+#include <memory>
+#include <thread>
+#include <vector>
 
 namespace sockmesh::proxy {
 namespace {
@@ -64,6 +68,42 @@ TEST(DialTest, ConnectAtTheDeadlineIsEitherAnOpenSuccessOrATimeout) {
   }
   // Both outcomes are allowed; the counts show which orders the loop ran.
   std::printf("at the deadline: %d successes, %d timeouts\n", successes, timeouts);
+}
+
+TEST(DialTest, ConnectThatCannotCompleteTimesOutOnceWithNoSocket) {
+  boost::asio::io_context io;
+  // A listener whose accept queue is full and never accepted: further SYNs are dropped, so a
+  // connect to it hangs until the deadline.
+  Tcp::acceptor acceptor(io);
+  acceptor.open(Tcp::v4());
+  acceptor.bind(Tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
+  acceptor.listen(0);
+  // Non-blocking connects that nobody accepts (asio's synchronous connect would wait for each).
+  std::vector<std::unique_ptr<Tcp::socket>> fillers;
+  auto at = acceptor.local_endpoint();
+  for (int i = 0; i < 4; ++i) {
+    auto s = std::make_unique<Tcp::socket>(io, Tcp::v4());
+    s->non_blocking(true);
+    ::connect(s->native_handle(), at.data(), static_cast<socklen_t>(at.size()));
+    fillers.push_back(std::move(s));
+  }
+  std::this_thread::sleep_for(50ms);
+  auto target = Endpoint::parse("127.0.0.1:" + std::to_string(acceptor.local_endpoint().port()));
+  int calls = 0;
+  DialResult result;
+  Tcp::socket got(io);
+  auto started = std::chrono::steady_clock::now();
+  dial(io, *target, net::DialOptions{}, 100ms, [&](DialResult r, Tcp::socket s) {
+    ++calls;
+    result = r;
+    got = std::move(s);
+  });
+  io.run_for(600ms);  // past the deadline and the aborted connect's completion
+  EXPECT_EQ(calls, 1);
+  EXPECT_FALSE(result.ok);
+  EXPECT_TRUE(result.timed_out) << result.error;
+  EXPECT_FALSE(got.is_open());
+  EXPECT_GE(std::chrono::steady_clock::now() - started, 100ms);
 }
 
 TEST(DialTest, RefusedConnectIsAnErrorNotATimeout) {
