@@ -224,8 +224,7 @@ void InboundHbone::handle(Worker& worker, Tcp::socket socket) {
                                        " connections open from this address "
                                        "(--hbone-max-connections-per-source)")
                          << "; " << unlogged << " more refused since the last such line"
-                         << " (one line per "
-                         << ConnectionLimits::kLogInterval.count() << " s)";
+                         << " (one line per " << ConnectionLimits::kLogInterval.count() << " s)";
     }
     net::close_with_reset(socket);
     return;

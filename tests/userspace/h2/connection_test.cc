@@ -101,9 +101,9 @@ class H2ConnectionTest : public ::testing::Test {
     size_t n = (size_t{hd[0]} << 16) | (size_t{hd[1]} << 8) | hd[2];
     f.type = hd[3];
     f.flags = hd[4];
-    f.stream = ((uint32_t{hd[5]} << 24) | (uint32_t{hd[6]} << 16) | (uint32_t{hd[7]} << 8) |
-                hd[8]) &
-               0x7fffffffu;
+    f.stream =
+        ((uint32_t{hd[5]} << 24) | (uint32_t{hd[6]} << 16) | (uint32_t{hd[7]} << 8) | hd[8]) &
+        0x7fffffffu;
     f.payload.resize(n);
     if (n > 0) boost::asio::read(s, boost::asio::buffer(f.payload));
     return f;
@@ -112,9 +112,9 @@ class H2ConnectionTest : public ::testing::Test {
     std::map<uint16_t, uint32_t> out;
     const auto* p = reinterpret_cast<const uint8_t*>(f.payload.data());
     for (size_t i = 0; i + 6 <= f.payload.size(); i += 6) {
-      out[static_cast<uint16_t>((p[i] << 8) | p[i + 1])] =
-          (uint32_t{p[i + 2]} << 24) | (uint32_t{p[i + 3]} << 16) | (uint32_t{p[i + 4]} << 8) |
-          p[i + 5];
+      out[static_cast<uint16_t>((p[i] << 8) | p[i + 1])] = (uint32_t{p[i + 2]} << 24) |
+                                                           (uint32_t{p[i + 3]} << 16) |
+                                                           (uint32_t{p[i + 4]} << 8) | p[i + 5];
     }
     return out;
   }
@@ -128,10 +128,10 @@ class H2ConnectionTest : public ::testing::Test {
 
 TEST_F(H2ConnectionTest, ConnectEchoesDataAndHalfClosesBothWays) {
   auto p = connected_pair();
-  auto server = std::make_shared<H2Connection>(std::move(p.server), H2Connection::Role::kServer,
-                                               Settings{});
-  auto client = std::make_shared<H2Connection>(std::move(p.client), H2Connection::Role::kClient,
-                                               Settings{});
+  auto server =
+      std::make_shared<H2Connection>(std::move(p.server), H2Connection::Role::kServer, Settings{});
+  auto client =
+      std::make_shared<H2Connection>(std::move(p.client), H2Connection::Role::kClient, Settings{});
   std::string server_got, authority;
   bool server_saw_end = false;
   server->set_request_handler([&](std::shared_ptr<H2Stream> s) {
@@ -191,10 +191,10 @@ TEST_F(H2ConnectionTest, ConnectEchoesDataAndHalfClosesBothWays) {
 
 TEST_F(H2ConnectionTest, PeerResetReachesTheOtherSide) {
   auto p = connected_pair();
-  auto server = std::make_shared<H2Connection>(std::move(p.server), H2Connection::Role::kServer,
-                                               Settings{});
-  auto client = std::make_shared<H2Connection>(std::move(p.client), H2Connection::Role::kClient,
-                                               Settings{});
+  auto server =
+      std::make_shared<H2Connection>(std::move(p.server), H2Connection::Role::kServer, Settings{});
+  auto client =
+      std::make_shared<H2Connection>(std::move(p.client), H2Connection::Role::kClient, Settings{});
   int server_closed = -1;
   server->set_request_handler([&](std::shared_ptr<H2Stream> s) {
     H2Stream::Handlers h;
@@ -220,12 +220,13 @@ TEST_F(H2ConnectionTest, PeerResetReachesTheOtherSide) {
 
 TEST_F(H2ConnectionTest, RefusalIsFinalAndTheConnectionStays) {
   auto p = connected_pair();
-  auto server = std::make_shared<H2Connection>(std::move(p.server), H2Connection::Role::kServer,
-                                               Settings{});
-  auto client = std::make_shared<H2Connection>(std::move(p.client), H2Connection::Role::kClient,
-                                               Settings{});
-  server->set_request_handler(
-      [&](std::shared_ptr<H2Stream> s) { s->respond(403, {{"sockmesh-error", "no"}}); });
+  auto server =
+      std::make_shared<H2Connection>(std::move(p.server), H2Connection::Role::kServer, Settings{});
+  auto client =
+      std::make_shared<H2Connection>(std::move(p.client), H2Connection::Role::kClient, Settings{});
+  server->set_request_handler([&](std::shared_ptr<H2Stream> s) {
+    s->respond(403, {{"sockmesh-error", "no"}});
+  });
   ASSERT_TRUE(server->start());
   ASSERT_TRUE(client->start());
   int status = 0;
@@ -252,8 +253,8 @@ TEST_F(H2ConnectionTest, RefusalIsFinalAndTheConnectionStays) {
 // Issue #14 item 9: the HBONE client's SETTINGS carry SETTINGS_ENABLE_PUSH=0.
 TEST_F(H2ConnectionTest, ClientSettingsDisableServerPush) {
   auto p = connected_pair();
-  auto client = std::make_shared<H2Connection>(std::move(p.client), H2Connection::Role::kClient,
-                                               Settings{});
+  auto client =
+      std::make_shared<H2Connection>(std::move(p.client), H2Connection::Role::kClient, Settings{});
   ASSERT_TRUE(client->start());
   io_.poll();
   std::string preface(sizeof kPreface - 1, '\0');
@@ -275,8 +276,8 @@ TEST_F(H2ConnectionTest, ServerAdvertisesItsStreamLimit) {
   auto p = connected_pair();
   Settings settings;
   settings.max_concurrent_streams = 7;
-  auto server = std::make_shared<H2Connection>(std::move(p.server), H2Connection::Role::kServer,
-                                               settings);
+  auto server =
+      std::make_shared<H2Connection>(std::move(p.server), H2Connection::Role::kServer, settings);
   ASSERT_TRUE(server->start());
   auto& peer = *p.client;
   run_until([&] { return peer.next_layer().available() > 0; }, 2000ms);
@@ -292,10 +293,10 @@ TEST_F(H2ConnectionTest, ServerClosesAConnectionIdleWithoutStreams) {
   auto p = connected_pair();
   Settings settings;
   settings.idle_timeout = 200ms;
-  auto server = std::make_shared<H2Connection>(std::move(p.server), H2Connection::Role::kServer,
-                                               settings);
-  auto client = std::make_shared<H2Connection>(std::move(p.client), H2Connection::Role::kClient,
-                                               Settings{});
+  auto server =
+      std::make_shared<H2Connection>(std::move(p.server), H2Connection::Role::kServer, settings);
+  auto client =
+      std::make_shared<H2Connection>(std::move(p.client), H2Connection::Role::kClient, Settings{});
   std::string server_reason;
   bool idle_reported = false;
   server->set_close_handler([&](const std::string& r) { server_reason = r; });
@@ -315,10 +316,10 @@ TEST_F(H2ConnectionTest, IdleTimeoutWaitsForTheLastStream) {
   auto p = connected_pair();
   Settings settings;
   settings.idle_timeout = 200ms;
-  auto server = std::make_shared<H2Connection>(std::move(p.server), H2Connection::Role::kServer,
-                                               settings);
-  auto client = std::make_shared<H2Connection>(std::move(p.client), H2Connection::Role::kClient,
-                                               Settings{});
+  auto server =
+      std::make_shared<H2Connection>(std::move(p.server), H2Connection::Role::kServer, settings);
+  auto client =
+      std::make_shared<H2Connection>(std::move(p.client), H2Connection::Role::kClient, Settings{});
   std::shared_ptr<H2Stream> held;
   server->set_request_handler([&](std::shared_ptr<H2Stream> s) {
     H2Stream::Handlers h;
