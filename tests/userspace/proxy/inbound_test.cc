@@ -76,8 +76,16 @@ class InboundTest : public ::testing::Test {
     app_ = std::make_unique<EchoApp>(worker_io(), server_ip_);
   }
   void TearDown() override {
+    // Everything that lives on the worker's loop goes before the loop does: the loop (in
+    // ctx_.workers) is destroyed first among the members that use it otherwise.
     for (auto& c : clients_) c->abort("test over");
-    worker_io().run_for(50ms);
+    clients_.clear();
+    if (worker_raw_ != nullptr) io().run_for(50ms);
+    listener_.reset();
+    app_.reset();
+    if (worker_raw_ != nullptr) io().run_for(20ms);
+    ctx_.workers.clear();  // drops queued handlers while ctx_, metrics_ and store_ still exist
+    worker_.reset();
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
   }
