@@ -142,12 +142,14 @@ def raise_nofile(want):
 
 
 class LimitsBase(unittest.TestCase):
+    extra_a = ()
     extra_b = ()
     policies = ""
 
     def setUp(self):
         self.closers = []
-        self.mesh = TwoNodeMesh(policies=self.policies, extra_b=self.extra_b)
+        self.mesh = TwoNodeMesh(policies=self.policies, extra_a=self.extra_a,
+                                 extra_b=self.extra_b)
         self.block = self.mesh.block
         try:
             self.echo = harness.EchoServer(self.mesh.server_ip, 8080)
@@ -307,6 +309,16 @@ class ConnectionCapTest(LimitsBase):
 
 class IdleTimeoutTest(LimitsBase):
     extra_b = ("--hbone-idle-timeout-ms", "1500")
+    extra_a = ("--pool-idle-timeout-ms", "500")
+
+    def test_client_pool_drops_its_idle_connection(self):
+        self.assert_tunnel_works()
+        self.assertEqual(self.mesh.a.metric_sum("sockmesh_pool_connections"), 1)
+        wait_until(lambda: self.mesh.a.metric_sum("sockmesh_pool_connections") == 0, timeout=5,
+                   what="A's pool released its idle connection")
+        # Released by the client (500 ms), not by B's idle close (1500 ms).
+        self.assertEqual(self.b_metric("sockmesh_hbone_h2_limits_total", limit="idle"), 0)
+        self.assert_tunnel_works()
 
     def test_connection_without_streams_is_closed_even_when_it_pings(self):
         c = self.raw()
