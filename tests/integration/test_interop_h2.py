@@ -373,7 +373,10 @@ class PyHboneServer(harness.TcpServer):
             if not d:
                 return
             for ev in conn.receive_data(d):
-                if isinstance(ev, h2.events.RequestReceived):
+                if isinstance(ev, h2.events.RemoteSettingsChanged):
+                    rec.setdefault("settings", {}).update(
+                        {int(k): v.new_value for k, v in ev.changed_settings.items()})
+                elif isinstance(ev, h2.events.RequestReceived):
                     hdrs = dict(ev.headers)
                     self.requests.append({"stream": ev.stream_id, "headers": hdrs,
                                           "data": b"", "ended": False})

@@ -68,6 +68,15 @@ Setter millis(std::chrono::milliseconds proxy::ProxyConfig::*field) {
   };
 }
 
+Setter count(uint32_t proxy::ProxyConfig::*field) {
+  return [field](const std::string& v, Options* o) -> std::optional<std::string> {
+    long long n = 0;
+    if (auto err = parse_int(v, 0, 100000000, &n)) return err;
+    o->proxy.*field = static_cast<uint32_t>(n);
+    return std::nullopt;
+  };
+}
+
 Setter text(std::string proxy::ProxyConfig::*field) {
   return [field](const std::string& v, Options* o) -> std::optional<std::string> {
     o->proxy.*field = v;
@@ -120,6 +129,9 @@ const std::map<std::string, std::pair<Setter, const char*>>& flags() {
                         }, "sockmesh's pinned maps: identities of enrolled pods, in-pod listeners (default " SM_PIN_ROOT_DEFAULT "; 'off')"}},
       {"drain-timeout-ms", {millis(&proxy::ProxyConfig::drain_timeout), "how long SIGTERM waits for connections (default 5000)"}},
       {"pool-idle-timeout-ms", {millis(&proxy::ProxyConfig::pool_idle_timeout), "idle pooled HBONE connections close after this (default 30000)"}},
+      {"hbone-idle-timeout-ms", {millis(&proxy::ProxyConfig::hbone_idle_timeout), "an inbound HBONE connection with no stream closes after this (default 300000, as ztunnel's pool; 0 = never)"}},
+      {"hbone-max-connections", {count(&proxy::ProxyConfig::hbone_max_connections), "inbound HBONE connections held at once; more are closed at accept (default 16384; 0 = no cap)"}},
+      {"hbone-max-connections-per-source", {count(&proxy::ProxyConfig::hbone_max_connections_per_source), "inbound HBONE connections from one source IP (default 2048; 0 = no cap)"}},
       {"connect-timeout-ms", {millis(&proxy::ProxyConfig::connect_timeout), "TCP connect deadline (default 5000)"}},
       {"handshake-timeout-ms", {millis(&proxy::ProxyConfig::handshake_timeout), "TLS and SOCKS5 handshake deadline (default 10000)"}},
       {"config-poll-ms", {millis(&proxy::ProxyConfig::config_poll), "how often the config file is checked (default 1000)"}},

@@ -21,6 +21,11 @@ constexpr uint32_t kMaxFrameSize = 256 * 1024;
 // Batches one connection moves before it lets the other handlers of its thread run.
 constexpr int kReadRounds = 4;
 constexpr int kWriteRounds = 4;
+// What the server tells nghttp2 about its own stream limit: none. nghttp2 treats a stream over
+// its local limit as a connection error (GOAWAY PROTOCOL_ERROR), where RFC 9113 5.1.2 wants a
+// stream error; so the connection counts streams itself and refuses the extra ones with
+// RST_STREAM(REFUSED_STREAM), and the SETTINGS frame on the wire carries the real limit.
+constexpr uint32_t kLibraryStreamLimit = 0xffffffffu;
 
 nghttp2_nv make_nv(const std::string& name, const std::string& value) {
   return nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(name.data())),
@@ -308,6 +313,7 @@ nghttp2_session_callbacks* H2Connection::callbacks() {
     nghttp2_session_callbacks_set_data_source_read_length_callback(c, data_read_length);
     nghttp2_session_callbacks_set_on_frame_send_callback(c, &H2Connection::on_frame_send);
     nghttp2_session_callbacks_set_send_data_callback(c, &H2Connection::on_send_data);
+    nghttp2_session_callbacks_set_on_begin_frame_callback(c, &H2Connection::on_begin_frame);
     return c;
   }();
   return cbs;
@@ -326,13 +332,19 @@ H2Connection::H2Connection(std::unique_ptr<TlsStream> stream, Role role, Setting
   nghttp2_option_new(&opt);
   nghttp2_option_set_no_auto_window_update(opt, 1);
   nghttp2_option_set_max_send_header_block_length(opt, 64 * 1024);
+  // The library's own flood guards stay on, looser than ours, so that ours (which answer with
+  // ENHANCE_YOUR_CALM and are counted) act first.
+  nghttp2_option_set_max_continuations(opt, settings_.max_continuations + 8);
+  nghttp2_option_set_stream_reset_rate_limit(opt, 2ull * settings_.reset_burst + 100,
+                                             2ull * settings_.resets_per_second + 100);
   if (role_ == Role::kServer) {
     nghttp2_session_server_new2(&session_, callbacks(), this, opt);
   } else {
     nghttp2_session_client_new2(&session_, callbacks(), this, opt);
   }
   nghttp2_option_del(opt);
-  last_frame_ = idle_since_ = std::chrono::steady_clock::now();
+  last_frame_ = idle_since_ = reset_refill_ = std::chrono::steady_clock::now();
+  reset_tokens_ = settings_.reset_burst;
 }
 
 H2Connection::~H2Connection() {
@@ -383,13 +395,20 @@ int H2Connection::take_cleartext(uint8_t* to, size_t len, size_t* got) {
 
 bool H2Connection::start() {
   if (takeover_failed_) return false;
-  nghttp2_settings_entry iv[] = {
-      {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, settings_.max_concurrent_streams},
+  bool server = role_ == Role::kServer;
+  std::vector<nghttp2_settings_entry> iv = {
+      {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS,
+       server ? kLibraryStreamLimit : settings_.max_concurrent_streams},
       {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, settings_.stream_window},
       {NGHTTP2_SETTINGS_MAX_FRAME_SIZE, kMaxFrameSize},
       {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, settings_.max_header_list_bytes},
   };
-  if (nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, iv, std::size(iv)) != 0) return false;
+  // A tunnel client has no use for server push (RFC 9113 6.5.2; ztunnel's client says the same).
+  if (!server) iv.push_back({NGHTTP2_SETTINGS_ENABLE_PUSH, 0});
+  settings_patched_ = !server;
+  if (nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, iv.data(), iv.size()) != 0) {
+    return false;
+  }
   if (nghttp2_session_set_local_window_size(session_, NGHTTP2_FLAG_NONE, 0,
                                             static_cast<int32_t>(settings_.connection_window)) !=
       0) {
@@ -513,7 +532,9 @@ void H2Connection::on_readable() {
       // out in the one write below.
       end_read_batch();
       --in_nghttp2_;
-      if (rv < 0) {
+      if (rv < 0 && calmed_) {
+        // calm_down() stopped nghttp2 and queued the GOAWAY; it goes out below.
+      } else if (rv < 0) {
         SM_WARN("h2") << "protocol error from peer: " << nghttp2_strerror(static_cast<int>(rv));
         nghttp2_session_terminate_session(session_, NGHTTP2_PROTOCOL_ERROR);
         close_reason_ = std::string("protocol error: ") + nghttp2_strerror(static_cast<int>(rv));
@@ -585,7 +606,9 @@ void H2Connection::schedule_write() {
         }
         if (closed_) return;  // a stream-close handler aborted the connection
         if (n == 0) break;
+        size_t at = plain_.size();
         append(plain_, data, static_cast<size_t>(n));
+        if (!settings_patched_) patch_advertised_settings(plain_.data() + at, plain_.size() - at);
       }
       if (!plain_.empty() && cleartext_) {
         append(out_, plain_.data(), plain_.size());
@@ -657,12 +680,34 @@ void H2Connection::maybe_close() {
 }
 
 void H2Connection::arm_keepalive() {
-  if (closed_ || settings_.ping_interval.count() <= 0) return;
-  keepalive_.expires_after(settings_.ping_interval / 2);
+  bool pinging = settings_.ping_interval.count() > 0;
+  bool idling = role_ == Role::kServer && settings_.idle_timeout.count() > 0;
+  if (closed_ || (!pinging && !idling)) return;
+  auto period = std::chrono::milliseconds::max();
+  if (pinging) period = settings_.ping_interval / 2;
+  if (idling) {
+    period = std::min(period, std::max(settings_.idle_timeout / 4, std::chrono::milliseconds(10)));
+  }
+  keepalive_.expires_after(period);
   keepalive_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
     auto self = weak.lock();
     if (ec || !self || self->closed_) return;
-    auto quiet = std::chrono::steady_clock::now() - self->last_frame_;
+    auto now = std::chrono::steady_clock::now();
+    auto& s = self->settings_;
+    if (self->role_ == Role::kServer && s.idle_timeout.count() > 0 && self->streams_.empty() &&
+        !self->going_away_ && now - self->idle_since_ >= s.idle_timeout) {
+      SM_DEBUG("h2") << "closing a connection with no stream for " << s.idle_timeout.count()
+                     << " ms";
+      self->close_reason_ = "idle: no stream for " + std::to_string(s.idle_timeout.count()) + " ms";
+      self->notify_limit(Limit::kIdle);
+      self->shutdown_gracefully();
+      if (self->closed_) return;
+    }
+    if (s.ping_interval.count() <= 0) {
+      self->arm_keepalive();
+      return;
+    }
+    auto quiet = now - self->last_frame_;
     if (quiet >= self->settings_.ping_timeout) {
       self->close_transport("keepalive: no frame from peer for " +
                             std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -707,6 +752,17 @@ int H2Connection::on_begin_headers(nghttp2_session*, const nghttp2_frame* frame,
   auto* self = static_cast<H2Connection*>(user);
   if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
   if (self->role_ != Role::kServer) return 0;
+  if (self->streams_.size() >= self->settings_.max_concurrent_streams) {
+    // Over the advertised limit: this stream only is refused (RFC 9113 5.1.2); it never reaches
+    // the request handler, and its headers and DATA are dropped. Refusals count like resets, so a
+    // peer cannot turn them into a flood either.
+    SM_DEBUG("h2") << "stream " << frame->hd.stream_id
+                   << " refused: " << self->settings_.max_concurrent_streams << " streams are open";
+    nghttp2_submit_rst_stream(self->session_, NGHTTP2_FLAG_NONE, frame->hd.stream_id,
+                              NGHTTP2_REFUSED_STREAM);
+    self->notify_limit(Limit::kRefusedStream);
+    return self->charge_reset() ? 0 : NGHTTP2_ERR_CALLBACK_FAILURE;
+  }
   auto stream = std::make_shared<H2Stream>(self->shared_from_this(), frame->hd.stream_id);
   self->streams_.emplace(frame->hd.stream_id, std::move(stream));
   self->idle_since_ = std::chrono::steady_clock::now();
@@ -758,6 +814,9 @@ int H2Connection::on_frame_recv(nghttp2_session*, const nghttp2_frame* frame, vo
   if (frame->hd.type == NGHTTP2_GOAWAY) {
     self->peer_going_away_ = true;
     return 0;
+  }
+  if (frame->hd.type == NGHTTP2_RST_STREAM && self->role_ == Role::kServer) {
+    return self->charge_reset() ? 0 : NGHTTP2_ERR_CALLBACK_FAILURE;
   }
   if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) return 0;
   auto it = self->streams_.find(frame->hd.stream_id);
@@ -852,6 +911,79 @@ int H2Connection::on_stream_close(nghttp2_session*, int32_t stream_id, uint32_t 
     });
   }
   return 0;
+}
+
+int H2Connection::on_begin_frame(nghttp2_session*, const nghttp2_frame_hd* hd, void* user) {
+  auto* self = static_cast<H2Connection*>(user);
+  if (self->role_ != Role::kServer) return 0;
+  if (hd->type == NGHTTP2_HEADERS) {
+    self->continuations_ = 0;
+  } else if (hd->type == NGHTTP2_CONTINUATION &&
+             ++self->continuations_ > self->settings_.max_continuations) {
+    self->calm_down(Limit::kContinuationFlood,
+                    "more than " + std::to_string(self->settings_.max_continuations) +
+                        " CONTINUATION frames in one header block");
+    return NGHTTP2_ERR_CALLBACK_FAILURE;
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Abuse limits (server side)
+
+bool H2Connection::charge_reset() {
+  if (calmed_) return false;
+  auto now = std::chrono::steady_clock::now();
+  double elapsed = std::chrono::duration<double>(now - reset_refill_).count();
+  reset_refill_ = now;
+  reset_tokens_ = std::min<double>(settings_.reset_burst,
+                                   reset_tokens_ + elapsed * settings_.resets_per_second);
+  if (reset_tokens_ >= 1) {
+    reset_tokens_ -= 1;
+    return true;
+  }
+  calm_down(Limit::kRapidReset, "streams reset or refused faster than " +
+                                    std::to_string(settings_.resets_per_second) +
+                                    "/s after a burst of " + std::to_string(settings_.reset_burst));
+  return false;
+}
+
+void H2Connection::calm_down(Limit limit, const std::string& why) {
+  if (calmed_ || closed_) return;
+  calmed_ = true;
+  SM_WARN("h2") << "closing connection with GOAWAY(ENHANCE_YOUR_CALM): " << why;
+  close_reason_ = "enhance your calm: " + why;
+  notify_limit(limit);
+  // Queues the GOAWAY; nghttp2 then stops reading and the connection closes once it is sent.
+  nghttp2_session_terminate_session(session_, NGHTTP2_ENHANCE_YOUR_CALM);
+}
+
+void H2Connection::notify_limit(Limit limit) {
+  if (limit_handler_) limit_handler_(limit);
+}
+
+void H2Connection::patch_advertised_settings(uint8_t* p, size_t len) {
+  // Walks whole frames of one nghttp2 output chunk to our first SETTINGS (not an ACK).
+  size_t i = 0;
+  while (i + 9 <= len) {
+    size_t n = (size_t{p[i]} << 16) | (size_t{p[i + 1]} << 8) | p[i + 2];
+    uint8_t type = p[i + 3], flags = p[i + 4];
+    if (i + 9 + n > len) return;
+    if (type == NGHTTP2_SETTINGS && (flags & NGHTTP2_FLAG_ACK) == 0) {
+      for (size_t e = i + 9; e + 6 <= i + 9 + n; e += 6) {
+        uint16_t id = static_cast<uint16_t>((p[e] << 8) | p[e + 1]);
+        if (id != NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS) continue;
+        uint32_t v = settings_.max_concurrent_streams;
+        p[e + 2] = static_cast<uint8_t>(v >> 24);
+        p[e + 3] = static_cast<uint8_t>(v >> 16);
+        p[e + 4] = static_cast<uint8_t>(v >> 8);
+        p[e + 5] = static_cast<uint8_t>(v);
+      }
+      settings_patched_ = true;
+      return;
+    }
+    i += 9 + n;
+  }
 }
 
 }  // namespace sockmesh::h2

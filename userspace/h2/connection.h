@@ -44,6 +44,16 @@ struct Settings {
   uint32_t max_header_list_bytes = 16 * 1024;
   std::chrono::milliseconds ping_interval{10000};  // idle time before a keepalive PING
   std::chrono::milliseconds ping_timeout{20000};   // no frame at all for this long: dead
+  // Server: a connection without an open stream for this long is closed with GOAWAY (PINGs do
+  // not count as use). 0: never.
+  std::chrono::milliseconds idle_timeout{0};
+  // Server: streams the peer resets, and streams refused because the peer went over
+  // max_concurrent_streams, are allowed in a burst of reset_burst, refilled at
+  // resets_per_second; beyond that GOAWAY(ENHANCE_YOUR_CALM) (the "rapid reset" attack).
+  uint32_t reset_burst = 1000;
+  uint32_t resets_per_second = 100;
+  // CONTINUATION frames allowed after one HEADERS frame; more: GOAWAY(ENHANCE_YOUR_CALM).
+  uint32_t max_continuations = 8;
 };
 
 // A request as received by the server side.
@@ -152,6 +162,9 @@ class H2Connection : public std::enable_shared_from_this<H2Connection> {
   enum class Role { kClient, kServer };
   using RequestHandler = std::function<void(std::shared_ptr<H2Stream>)>;
   using CloseHandler = std::function<void(const std::string& reason)>;
+  // A limit of the server side was hit (for counters; the connection has already logged it).
+  enum class Limit { kRefusedStream, kRapidReset, kContinuationFlood, kIdle };
+  using LimitHandler = std::function<void(Limit)>;
 
   H2Connection(std::unique_ptr<TlsStream> stream, Role role, Settings settings);
   ~H2Connection();
@@ -162,6 +175,7 @@ class H2Connection : public std::enable_shared_from_this<H2Connection> {
   void set_request_handler(RequestHandler handler) { request_handler_ = std::move(handler); }
   // Called once when the connection is gone, with a reason for the log.
   void set_close_handler(CloseHandler handler) { close_handler_ = std::move(handler); }
+  void set_limit_handler(LimitHandler handler) { limit_handler_ = std::move(handler); }
 
   // Sends the preface and SETTINGS and starts reading. Returns false if nghttp2 refused.
   bool start();
@@ -205,6 +219,17 @@ class H2Connection : public std::enable_shared_from_this<H2Connection> {
   static int on_stream_close(nghttp2_session*, int32_t, uint32_t, void*);
   static int on_send_data(nghttp2_session*, nghttp2_frame*, const uint8_t*, size_t,
                           nghttp2_data_source*, void*);
+  static int on_begin_frame(nghttp2_session*, const nghttp2_frame_hd*, void*);
+
+  // Server: one more stream reset by the peer or refused; false once over the budget (the
+  // connection is then being closed with ENHANCE_YOUR_CALM).
+  bool charge_reset();
+  // GOAWAY(ENHANCE_YOUR_CALM) and close, for a peer that abuses the protocol.
+  void calm_down(Limit limit, const std::string& why);
+  void notify_limit(Limit limit);
+  // The wire copy of our first SETTINGS frame carries the real MAX_CONCURRENT_STREAMS (see
+  // start()).
+  void patch_advertised_settings(uint8_t* frame, size_t len);
 
   // The custom BIO under the SSL object: reads come from in_, writes go to out_.
   friend struct TlsBio;
@@ -231,6 +256,7 @@ class H2Connection : public std::enable_shared_from_this<H2Connection> {
   std::unordered_map<int32_t, std::shared_ptr<H2Stream>> streams_;
   RequestHandler request_handler_;
   CloseHandler close_handler_;
+  LimitHandler limit_handler_;
   SSL* ssl_ = nullptr;      // owned by stream_
   int fd_ = -1;             // stream_'s socket, non-blocking
   AlignedBytes in_;         // ciphertext received, not yet taken by OpenSSL: [in_pos_, in_len_)
@@ -251,6 +277,11 @@ class H2Connection : public std::enable_shared_from_this<H2Connection> {
   bool going_away_ = false;
   bool peer_going_away_ = false;
   bool ping_outstanding_ = false;
+  bool settings_patched_ = false;
+  bool calmed_ = false;         // GOAWAY(ENHANCE_YOUR_CALM) submitted
+  uint32_t continuations_ = 0;  // CONTINUATION frames since the last HEADERS
+  double reset_tokens_ = 0;
+  std::chrono::steady_clock::time_point reset_refill_;
   std::string close_reason_;
   boost::asio::steady_timer keepalive_;
   std::chrono::steady_clock::time_point last_frame_;

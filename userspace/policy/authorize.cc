@@ -3,6 +3,7 @@
 #include "identity/spiffe.h"
 
 #include <algorithm>
+#include <set>
 
 #include "base/log.h"
 
@@ -169,6 +170,30 @@ Verdict authorize(const state::Snapshot& snapshot, const state::Workload& destin
                    << " workload=" << destination.namespace_name << "/" << destination.name
                    << " reason=\"" << v.reason << "\"";
   return v;
+}
+
+bool denied_on_every_port(const state::Snapshot& snapshot, const state::Workload& destination,
+                          ConnectionFacts facts) {
+  auto applicable = snapshot.policies_for(destination);
+  std::set<uint16_t> ports;
+  for (const state::Policy* p : applicable) {
+    for (const auto& rule : p->rules) {
+      for (const auto& clause : rule) {
+        for (const auto& match : clause) {
+          ports.insert(match.destination_ports.begin(), match.destination_ports.end());
+          ports.insert(match.not_destination_ports.begin(), match.not_destination_ports.end());
+        }
+      }
+    }
+  }
+  uint16_t unnamed = 1;
+  while (ports.count(unnamed) != 0) ++unnamed;
+  ports.insert(unnamed);
+  for (uint16_t port : ports) {
+    facts.destination_port = port;
+    if (authorize(applicable, facts).allowed) return false;
+  }
+  return true;
 }
 
 Verdict recheck(const state::Snapshot& current, const state::Workload& destination,

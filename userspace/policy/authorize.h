@@ -89,6 +89,12 @@ Verdict authorize(const std::vector<const state::Policy*>& applicable,
 Verdict recheck(const state::Snapshot& current, const state::Workload& destination,
                 const ConnectionFacts& facts);
 
+// True when no port of `destination` would let this source in: every port a policy names, and one
+// that none names, is denied (facts.destination_port is ignored). A peer proxy whose identity is
+// refused everywhere has no use for its connection.
+bool denied_on_every_port(const state::Snapshot& snapshot, const state::Workload& destination,
+                          ConnectionFacts facts);
+
 // Building blocks, exposed for tests and for diagnostics.
 bool policy_matches(const state::Policy& policy, const ConnectionFacts& facts);
 bool match_matches(const state::PolicyMatch& match, std::string_view policy_namespace,

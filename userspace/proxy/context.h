@@ -11,6 +11,7 @@
 #include "net/netns.h"
 #include "observe/metrics.h"
 #include "proxy/bypass_pinning.h"
+#include "proxy/connection_limits.h"
 #include "proxy/enrolled_workloads.h"
 #include "proxy/proxy_config.h"
 #include "proxy/worker.h"
@@ -40,6 +41,8 @@ struct ProxyContext {
   // Pins an app's bypassed flow to the TCP stack when the proxy stops reading it; null: never.
   std::shared_ptr<BypassPinning> bypass_pinning;
   std::vector<std::unique_ptr<Worker>> workers;
+  // Caps on inbound HBONE connections (config.hbone_max_connections*).
+  std::shared_ptr<ConnectionLimits> hbone_limits;
   std::atomic<uint64_t> next_worker{0};
   std::atomic<bool> draining{false};
 

@@ -35,7 +35,23 @@ struct InboundSession {
   std::string peer_identity;
   std::string workload_uid;
   uint64_t drain_id = 0;
+  // This connection's place under the connection caps, given back when it closes.
+  ConnectionLimits::Ticket ticket;
 };
+
+const char* limit_name(h2::H2Connection::Limit limit) {
+  switch (limit) {
+    case h2::H2Connection::Limit::kRefusedStream:
+      return "refused_stream";
+    case h2::H2Connection::Limit::kRapidReset:
+      return "rapid_reset";
+    case h2::H2Connection::Limit::kContinuationFlood:
+      return "continuation_flood";
+    case h2::H2Connection::Limit::kIdle:
+      return "idle";
+  }
+  return "unknown";
+}
 
 void refuse(const std::shared_ptr<h2::H2Stream>& stream, int status, const std::string& reason) {
   stream->respond(status, {{"sockmesh-error", reason}});
@@ -106,6 +122,19 @@ void handle_request(ProxyContext& ctx, Worker& worker, std::shared_ptr<InboundSe
   if (!verdict.allowed) {
     fail(kForbidden, "not authorized: " + verdict.reason,
          ResponseFlags::kAuthorizationPolicyDenied);
+    // A peer that no port of this workload lets in gets nothing from its connection but a place
+    // to hold memory: close it (GOAWAY; streams already open finish) after this first refusal.
+    if (policy::denied_on_every_port(*snap, *dst, facts)) {
+      SM_INFO("inbound") << "closing HBONE connection from " << session->peer_identity << " ("
+                         << session->peer.to_string() << "): no port of " << dst->identity()
+                         << " lets this identity in";
+      ctx.metrics
+          ->counter("sockmesh_hbone_denied_connections_closed_total",
+                    "HBONE connections closed because every port of their workload denies the "
+                    "peer's identity")
+          .inc();
+      stream->connection().shutdown_gracefully();
+    }
     return;
   }
   record->identify(observe::Reporter::kDestination, view);
@@ -163,6 +192,33 @@ void InboundHbone::handle(Worker& worker, Tcp::socket socket) {
   auto session = std::make_shared<InboundSession>();
   session->local = net::from_asio(local_ep);
   session->peer = net::from_asio(peer_ep);
+
+  // The caps come first, before any TLS work is spent on the connection.
+  ConnectionLimits::Refusal refusal;
+  bool log_now = false;
+  uint64_t unlogged = 0;
+  session->ticket = ctx_.hbone_limits->admit(session->peer.ip, &refusal, &log_now, &unlogged);
+  if (!session->ticket) {
+    ctx_.metrics
+        ->counter("sockmesh_hbone_connections_refused_total",
+                  "HBONE connections closed at accept: over the total or per-source-IP cap",
+                  {{"reason", refusal_name(refusal)}})
+        .inc();
+    if (log_now) {
+      SM_WARN("inbound") << "HBONE connection from " << session->peer.to_string() << " to "
+                         << session->local.to_string() << " refused: "
+                         << (refusal == ConnectionLimits::Refusal::kTotal
+                                 ? std::to_string(ctx_.hbone_limits->max_total()) +
+                                       " connections open (--hbone-max-connections)"
+                                 : std::to_string(ctx_.hbone_limits->max_per_source()) +
+                                       " connections open from this address "
+                                       "(--hbone-max-connections-per-source)")
+                         << "; " << unlogged << " more refused since the last such line"
+                         << " (one line per " << ConnectionLimits::kLogInterval.count() << " s)";
+    }
+    net::close_with_reset(socket);
+    return;
+  }
 
   auto snap = ctx_.store->get();
   const state::Workload* wl = ctx_.local_workload(*snap, session->local.ip);
@@ -254,8 +310,19 @@ void InboundHbone::handle(Worker& worker, Tcp::socket socket) {
           return;
         }
         session->peer_identity = peer->to_string();
-        auto conn = std::make_shared<h2::H2Connection>(
-            std::move(hs->tls), h2::H2Connection::Role::kServer, ctx.config.h2);
+        h2::Settings settings = ctx.config.h2;
+        settings.idle_timeout = ctx.config.hbone_idle_timeout;
+        auto conn = std::make_shared<h2::H2Connection>(std::move(hs->tls),
+                                                       h2::H2Connection::Role::kServer, settings);
+        conn->set_limit_handler([&ctx](h2::H2Connection::Limit limit) {
+          ctx.metrics
+              ->counter("sockmesh_hbone_h2_limits_total",
+                        "HTTP/2 limits hit on inbound HBONE connections: streams refused over "
+                        "MAX_CONCURRENT_STREAMS, connections closed for rapid reset, CONTINUATION "
+                        "floods, or idleness",
+                        {{"limit", limit_name(limit)}})
+              .inc();
+        });
         conn->set_request_handler([&ctx, &worker, session](std::shared_ptr<h2::H2Stream> s) {
           handle_request(ctx, worker, session, std::move(s));
         });
@@ -265,6 +332,7 @@ void InboundHbone::handle(Worker& worker, Tcp::socket socket) {
         });
         conn->set_close_handler([&worker, session](const std::string& reason) {
           worker.forget_drain(session->drain_id);
+          session->ticket.release();
           SM_DEBUG("inbound") << "HBONE connection from " << session->peer_identity << " ("
                               << session->peer.to_string() << ") closed: " << reason;
         });

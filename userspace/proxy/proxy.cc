@@ -41,6 +41,8 @@ Proxy::Proxy(ProxyConfig config, state::StateStore& store, CertificateSource cer
   ctx_.tls = std::move(tls);
   ctx_.certificate_for = std::move(certificates);
   ctx_.metrics = &metrics;
+  ctx_.hbone_limits = std::make_shared<ConnectionLimits>(
+      ctx_.config.hbone_max_connections, ctx_.config.hbone_max_connections_per_source);
   ctx_.local_workload = [this](const state::Snapshot& s, const IpAddress& ip) {
     return ctx_.find_local(s, ip);
   };

@@ -62,6 +62,13 @@ struct ProxyConfig {
   std::chrono::milliseconds connect_timeout{5000};
   std::chrono::milliseconds handshake_timeout{10000};
   uint32_t max_streams_per_connection = 100;
+  // HBONE (15008) connections held at once, in total and from one source IP; checked at accept,
+  // before the TLS handshake. 0: no limit.
+  uint32_t hbone_max_connections = 16384;
+  uint32_t hbone_max_connections_per_source = 2048;
+  // An HBONE connection without an open stream for this long is closed (GOAWAY); 0: never.
+  // ztunnel's POOL_UNUSED_RELEASE_TIMEOUT default.
+  std::chrono::milliseconds hbone_idle_timeout{300000};
   h2::Settings h2;
 
   int effective_workers() const;

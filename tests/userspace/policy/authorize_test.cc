@@ -403,3 +403,46 @@ TEST(Recheck, PicksUpPolicyAndSelectorChanges) {
 
 }  // namespace
 }  // namespace sockmesh::policy
+
+namespace sockmesh::policy {
+namespace {
+
+// Issue #14 item 4: a peer whose identity no port of the workload lets in loses its connection.
+TEST(DeniedOnEveryPort, DependsOnWhetherAnyPortWouldAllow) {
+  auto alice_only = [](std::vector<uint16_t> ports, std::vector<uint16_t> not_ports = {}) {
+    return policy("dst", "alice", PolicyAction::kAllow,
+                  single(PolicyMatch{.principals = {"cluster.local/ns/a/sa/alice"},
+                                     .destination_ports = std::move(ports),
+                                     .not_destination_ports = std::move(not_ports)}));
+  };
+  struct Row {
+    const char* name;
+    std::vector<Policy> policies;
+    const char* principal;
+    bool denied_everywhere;
+  };
+  std::vector<Row> rows = {
+      {"no_policies", {}, kMtlsB, false},
+      {"allow_other_identity", {alice_only({})}, kMtlsB, true},
+      {"allow_this_identity", {alice_only({})}, kMtlsA, false},
+      {"allow_this_identity_on_one_port", {alice_only({9999})}, kMtlsA, false},
+      {"allow_every_port_but_one", {alice_only({}, {8080})}, kMtlsA, false},
+      {"deny_this_identity",
+       {policy("dst", "no-alice", PolicyAction::kDeny,
+               single(PolicyMatch{.principals = {"cluster.local/ns/a/sa/alice"}}))},
+       kMtlsA, true},
+      {"deny_one_port_only",
+       {policy("dst", "no-8080", PolicyAction::kDeny,
+               single(PolicyMatch{.destination_ports = {8080}}))},
+       kMtlsA, false},
+  };
+  for (const auto& row : rows) {
+    Snapshot snap({workload("dst", "server")}, {}, row.policies);
+    EXPECT_EQ(denied_on_every_port(snap, snap.workloads()[0], conn(row.principal)),
+              row.denied_everywhere)
+        << row.name;
+  }
+}
+
+}  // namespace
+}  // namespace sockmesh::policy
