@@ -1,6 +1,7 @@
 // sockmesh-proxy: wires the configuration, identities, TLS, metrics and the proxy roles together,
 // serves the admin endpoints, and drains on SIGTERM.
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <malloc.h>
@@ -45,6 +46,27 @@ int fail(const std::string& message) {
 // Every proxied connection holds two or three descriptors (client, upstream, a share of a pooled
 // HBONE connection): the default soft limit of 1024 would cap a node at a few hundred. Raise the
 // soft limit to the hard one, as a node proxy must.
+// The thread of the admin, metrics and readiness servers. stop() (or the destructor) closes them
+// and joins; what their sessions still hold goes with the io_context.
+struct HttpThread {
+  boost::asio::io_context io;
+  std::vector<std::unique_ptr<observe::HttpServer>> servers;
+  std::thread thread{[this] {
+    pthread_setname_np(pthread_self(), "sm-http");
+    auto work = boost::asio::make_work_guard(io);
+    io.run();
+  }};
+  ~HttpThread() { stop(); }
+  void stop() {
+    if (!thread.joinable()) return;
+    boost::asio::post(io, [this] {
+      servers.clear();
+      io.stop();
+    });
+    thread.join();
+  }
+};
+
 void raise_file_limit() {
   rlimit lim{};
   if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
@@ -230,19 +252,25 @@ int main(int argc, char** argv) {
 
   app::AdminSources sources{&proxy,         &store,        &certificates,   &metrics,
                             cfg.node_name, config_source, cfg.bpf_pin_root, zds.get()};
-  std::vector<std::unique_ptr<observe::HttpServer>> servers;
+  // The admin, metrics and readiness servers get a thread of their own: a scraper or a slow
+  // client there never takes time from the acceptors on the control thread.
+  HttpThread http;
+  observe::HttpLimits http_limits;
+  http_limits.max_connections = cfg.http_max_connections;
+  http_limits.request_timeout = cfg.http_request_timeout;
+  http_limits.max_request_bytes = cfg.http_max_request_bytes;
   std::optional<std::string> admin_err;
   std::promise<void> admin_up;
-  boost::asio::post(proxy.control(), [&] {
+  boost::asio::post(http.io, [&] {
     auto add = [&](const std::optional<Endpoint>& at, const char* name, auto install) {
       if (!at || admin_err) return;
-      auto s = std::make_unique<observe::HttpServer>(proxy.control(), name);
+      auto s = std::make_unique<observe::HttpServer>(http.io, name, http_limits, &metrics);
       install(*s, sources);
       if (auto e = s->listen(*at)) {
         admin_err = e;
         return;
       }
-      servers.push_back(std::move(s));
+      http.servers.push_back(std::move(s));
     };
     add(cfg.admin, "admin", app::add_admin_routes);
     add(cfg.metrics, "metrics", app::add_metrics_routes);
@@ -275,7 +303,7 @@ int main(int argc, char** argv) {
   certificates.stop_background_renewal();
   if (zds) zds->stop();  // before the drain: no pod is adopted while listeners close
   proxy.drain(cfg.drain_timeout);
-  servers.clear();
+  http.stop();
   SM_INFO("main") << "sockmesh-proxy stopped";
   return 0;
 }

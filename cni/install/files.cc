@@ -2,14 +2,36 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <cstring>
 
 namespace sockmesh::cni::install {
+namespace {
+
+std::string random_suffix() {
+  unsigned char r[8] = {};
+  if (getrandom(r, sizeof r, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof r)) {
+    // No entropy yet: the clock makes the name hard to guess; O_EXCL keeps it safe regardless.
+    uint64_t t = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    std::memcpy(r, &t, sizeof r);
+  }
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : r) {
+    s.push_back(kDigits[c >> 4]);
+    s.push_back(kDigits[c & 0xf]);
+  }
+  return s;
+}
+
+}  // namespace
 
 std::optional<std::string> read_file(const std::string& path, int* err) {
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -39,8 +61,11 @@ bool write_file_atomic(const std::string& path, const std::string& content, mode
   auto slash = path.rfind('/');
   std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
   std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
-  std::string tmp = dir + "/." + base + "." + std::to_string(getpid()) + ".tmp";
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  // A fresh name, created exclusively and never through a symlink (a planted link to another
+  // file would otherwise have that file overwritten, as root, on the host).
+  std::string tmp =
+      dir + "/." + base + "." + std::to_string(getpid()) + "." + random_suffix() + ".tmp";
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
   if (fd < 0) {
     *error = "creating " + tmp + ": " + std::strerror(errno);
     return false;

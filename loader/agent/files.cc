@@ -1,16 +1,41 @@
 #include "loader/agent/files.h"
 
 #include <fcntl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
 
 #include "loader/maps/unique_fd.h"
 
 namespace sockmesh::agent {
 
 using maps::Error;
+
+namespace {
+
+std::string random_suffix() {
+  unsigned char r[8] = {};
+  if (getrandom(r, sizeof r, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof r)) {
+    // No entropy yet (early boot): the clock still makes the name hard to guess ahead of time;
+    // O_EXCL keeps it safe either way.
+    uint64_t t = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    std::memcpy(r, &t, sizeof r);
+  }
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : r) {
+    s.push_back(kDigits[c >> 4]);
+    s.push_back(kDigits[c & 0xf]);
+  }
+  return s;
+}
+
+}  // namespace
 
 maps::Status make_dirs(const std::string& dir) {
   if (dir.empty()) return {};
@@ -31,9 +56,12 @@ maps::Status write_file_atomic(const std::string& path, const std::string& conte
   if (slash != std::string::npos) {
     if (auto s = make_dirs(path.substr(0, slash)); !s) return s;
   }
-  std::string tmp = path + ".tmp." + std::to_string(getpid());
+  // A fresh name, created exclusively and never through a symlink: a name that someone else
+  // planted (a link to a file we would then overwrite) makes this fail instead.
+  std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." + random_suffix();
   {
-    maps::UniqueFd fd(open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode));
+    maps::UniqueFd fd(
+        open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode));
     if (!fd) return Error::from_errno(errno, "creating " + tmp);
     size_t done = 0;
     while (done < content.size()) {

@@ -184,10 +184,16 @@ cni::AgentReply NodeAgent::add_or_check(const cni::PodEvent& event,
   facts.host_network = (meta && meta->host_network) || enroller_->is_host_netns(event.netns);
   Decision decision = decide(facts, options_.excluded_namespaces);
 
+  bool identity_known = meta.has_value();
   if (auto it = pods_.find(uid); it != pods_.end()) {
     PodRecord& old = it->second;
     if (old.netns_path == incoming.netns_path) {
       incoming.enrolled = old.enrolled;
+      if (!meta && old.enrolled && !old.metadata_pending) {
+        // A CHECK (or a repeated ADD) of a pod enrolled with the identity it was given: kept.
+        incoming.service_account = old.service_account;
+        identity_known = true;
+      }
     } else if (old.enrolled) {
       // The sandbox was re-created: the old netns's enrollment goes first.
       SM_INFO("agent") << "pod " << who << " has a new sandbox; unenrolling the old one";
@@ -211,6 +217,24 @@ cni::AgentReply NodeAgent::add_or_check(const cni::PodEvent& event,
                      << decision.reason;
     return {Outcome::kSkipped, decision.reason};
   }
+  if (!identity_known) {
+    // Enrolled, the pod would carry an identity; without its metadata that identity would be a
+    // guess ("default"). Its enrollment is held: the ADD fails (the pod does not start outside
+    // the mesh, nor inside it as someone else), the runtime retries, and a view that brings the
+    // pod enrolls a sandbox still held.
+    record.metadata_pending = true;
+    record.service_account.clear();
+    save_locked();
+    uint64_t n = adds_held_for_metadata_.fetch_add(1) + 1;
+    std::string why = "pod " + who + " is to be enrolled (" + decision.reason +
+                      ") but its metadata (service account, labels) is not known yet to the " +
+                      (source_ != nullptr ? source_->name() : std::string("label")) +
+                      " source; enrollment held rather than made under a guessed identity";
+    SM_WARN("agent") << to_string(event.command) << " " << who << ": " << why
+                     << " (adds held so far: " << n << ")";
+    return {Outcome::kFailed, why};
+  }
+  record.metadata_pending = false;
   if (record.ips.empty()) {
     save_locked();
     return {Outcome::kFailed, "pod " + who + " is to be enrolled (" + decision.reason +
@@ -397,6 +421,14 @@ void NodeAgent::reconcile_locked() {
     const PodMeta* meta = meta_for(record);
     if (meta != nullptr && record.origin == PodOrigin::kAdopted && record.name == record.uid) {
       record.name = meta->name;
+    }
+    if (record.metadata_pending) {
+      if (meta == nullptr) continue;  // still held: nothing is enrolled on a guess
+      record.metadata_pending = false;
+      record.service_account = meta->service_account;
+      if (record.ips.empty()) record.ips = meta->ips;
+      SM_INFO("agent") << "pod " << record.who() << ": metadata arrived (service account "
+                       << record.service_account << "); its held enrollment is decided now";
     }
     Decision decision = decide_locked(record, meta);
     if (record.enrolled && decision.enroll && meta != nullptr && !meta->service_account.empty() &&

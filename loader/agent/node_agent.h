@@ -11,6 +11,7 @@
 // Every pod seen through CNI ADD is remembered with its netns (also the ones not enrolled), in a
 // file, so that label changes can enroll and unenroll running pods, and a restarted agent knows
 // where its enrolled pods live.
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -73,6 +74,9 @@ class NodeAgent {
 
   PodRecords pods() const;
   bool labels_known() const;
+  // CNI ADDs refused because the pod's metadata was not known (its enrollment held rather than
+  // made under a guessed service account), since start.
+  uint64_t adds_held_for_metadata() const { return adds_held_for_metadata_.load(); }
 
  private:
   cni::AgentReply add_or_check(const cni::PodEvent& event, std::unique_lock<std::mutex>& lock);
@@ -98,6 +102,7 @@ class NodeAgent {
   PodRecords pods_;
   LabelViewPtr view_;  // null until the source's first view
   bool stopping_ = false;
+  std::atomic<uint64_t> adds_held_for_metadata_{0};
 };
 
 }  // namespace sockmesh::agent

@@ -6,21 +6,80 @@
 #include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <string_view>
+#include <vector>
 
 namespace sockmesh::agent {
 
+namespace {
+
+std::vector<std::string_view> split_path(std::string_view path) {
+  std::vector<std::string_view> parts;
+  while (!path.empty()) {
+    auto slash = path.find('/');
+    auto part = path.substr(0, slash);
+    if (!part.empty()) parts.push_back(part);
+    if (slash == std::string_view::npos) break;
+    path.remove_prefix(slash + 1);
+  }
+  return parts;
+}
+
+bool is_qos(std::string_view s) { return s == "besteffort" || s == "burstable"; }
+
+bool ends_with(std::string_view s, std::string_view tail) {
+  return s.size() >= tail.size() && s.substr(s.size() - tail.size()) == tail;
+}
+
+// cgroupfs driver: .../kubepods/pod<uid> or .../kubepods/<qos>/pod<uid>.
+bool cgroupfs_names_pod(const std::vector<std::string_view>& parts, size_t i,
+                        std::string_view uid) {
+  if (parts[i] != "pod" + std::string(uid)) return false;
+  if (i >= 1 && parts[i - 1] == "kubepods") return true;
+  return i >= 2 && is_qos(parts[i - 1]) && parts[i - 2] == "kubepods";
+}
+
+// systemd driver: a slice's name spells its ancestry ("a-b.slice" lives in "a.slice"), so the pod
+// is <parent>-pod<uid>.slice right inside <parent>.slice, where the parent is kubepods or its QoS
+// slice, under any prefix the kubelet's cgroup root adds (kind: kubelet-kubepods...).
+bool systemd_names_pod(const std::vector<std::string_view>& parts, size_t i, std::string_view uid) {
+  if (i == 0) return false;
+  std::string_view parent = parts[i - 1];
+  if (!ends_with(parent, ".slice")) return false;
+  std::string_view stem = parent.substr(0, parent.size() - 6);
+  if (parts[i] != std::string(stem) + "-pod" + std::string(uid) + ".slice") return false;
+  if (stem == "kubepods" || ends_with(stem, "-kubepods")) return true;
+  for (std::string_view qos : {"-besteffort", "-burstable"}) {
+    if (!ends_with(stem, qos)) continue;
+    std::string_view pods = stem.substr(0, stem.size() - qos.size());
+    if ((pods == "kubepods" || ends_with(pods, "-kubepods")) && i >= 2 &&
+        parts[i - 2] == std::string(pods) + ".slice") {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 bool cgroup_names_pod(const std::string& cgroup_text, const std::string& uid) {
   if (uid.empty()) return false;
+  // Only the characters a Kubernetes UID has: nothing in it can be a separator below.
+  if (uid.find_first_not_of("0123456789abcdefABCDEF-") != std::string::npos) return false;
   std::string underscored = uid;
   std::replace(underscored.begin(), underscored.end(), '-', '_');
-  for (const std::string& spelling : {uid, underscored}) {
-    const std::string needle = "pod" + spelling;
-    for (size_t at = cgroup_text.find(needle); at != std::string::npos;
-         at = cgroup_text.find(needle, at + 1)) {
-      // The UID must end there: "/" (cgroupfs) or ".slice" (systemd), not run on into more hex.
-      size_t end = at + needle.size();
-      if (end == cgroup_text.size() || cgroup_text[end] == '/' || cgroup_text[end] == '.' ||
-          cgroup_text[end] == '\n') {
+  std::string_view text = cgroup_text;
+  while (!text.empty()) {
+    auto nl = text.find('\n');
+    std::string_view line = text.substr(0, nl);
+    text = nl == std::string_view::npos ? std::string_view() : text.substr(nl + 1);
+    // "<hierarchy>:<controllers>:<path>"; the path may itself hold ':'.
+    auto c1 = line.find(':');
+    auto c2 = c1 == std::string_view::npos ? c1 : line.find(':', c1 + 1);
+    if (c2 == std::string_view::npos) continue;
+    auto parts = split_path(line.substr(c2 + 1));
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (cgroupfs_names_pod(parts, i, uid) || systemd_names_pod(parts, i, underscored)) {
         return true;
       }
     }

@@ -12,7 +12,9 @@
 
 namespace sockmesh::agent {
 
-// Whether a /proc/<pid>/cgroup text names the pod `uid` (either spelling).
+// Whether a /proc/<pid>/cgroup text puts the process in the pod `uid`: the pod's cgroup at its
+// place in the kubepods layout (either driver, with or without a QoS level, under any cgroup
+// root), not merely "pod<uid>" somewhere in a path that any process could make for itself.
 bool cgroup_names_pod(const std::string& cgroup_text, const std::string& uid);
 
 class PodNetnsFinder {

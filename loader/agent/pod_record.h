@@ -28,6 +28,9 @@ struct PodRecord {
   std::string ifname = "eth0";
   std::vector<IpAddress> ips;
   bool enrolled = false;  // capture on and handed to the proxy
+  // The pod is to be enrolled but its metadata (service account, labels) is not known yet:
+  // never enrolled under a guessed identity; enrolled once the label source has it.
+  bool metadata_pending = false;
   PodOrigin origin = PodOrigin::kCni;
 
   PodWorkload workload() const;

@@ -101,11 +101,22 @@ std::string ip_of(const ChainRun& run) {
   return cidr.substr(0, cidr.find('/'));
 }
 
+// The shop pods the cases start: the agent enrolls a pod only with the identity its label source
+// gives it (never a guessed "default"), so each is listed, with its service account.
+std::string shop_pods() {
+  std::string out;
+  for (const char* name : {"a", "b", "broken", "c", "cart-0", "slow", "web"}) {
+    out += std::string("- uid: Kubernetes//v1/Pod/shop/") + name + "\n  name: " + name +
+           "\n  namespace: shop\n  serviceAccount: default\n  workloadIps: []\n";
+  }
+  return out;
+}
+
 std::string config_yaml(bool shop_ambient, const std::string& extra_workloads = "") {
   std::string out = "namespaces:\n- name: shop\n";
   if (shop_ambient) out += "  labels:\n    istio.io/dataplane-mode: ambient\n";
   out += "- name: plain\n- name: kube-system\n  labels:\n    istio.io/dataplane-mode: ambient\n";
-  if (!extra_workloads.empty()) out += "workloads:\n" + extra_workloads;
+  out += "workloads:\n" + shop_pods() + extra_workloads;
   return out;
 }
 

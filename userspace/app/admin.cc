@@ -181,6 +181,13 @@ void add_admin_routes(observe::HttpServer& server, const AdminSources& s) {
       // which resets the scopes) goes first, so `?access=warn&level=info` keeps access=warn.
       std::vector<std::pair<std::string, log::Level>> changes;
       for (const auto& [k, v] : r.query) {
+        if (k != "level" && !log::is_known_scope(k)) {
+          std::string known;
+          for (auto scope : log::known_scopes()) known += " " + std::string(scope);
+          return observe::HttpResponse{400, "text/plain; charset=utf-8",
+                                       "unknown scope '" + k + "'; use level (all scopes) or "
+                                       "one of:" + known + "; nothing was changed\n"};
+        }
         log::Level level;
         if (!log::parse_level(v, &level)) {
           return observe::HttpResponse{400, "text/plain; charset=utf-8",
@@ -198,7 +205,7 @@ void add_admin_routes(observe::HttpServer& server, const AdminSources& s) {
         if (k == "level") {
           log::set_level(level);
         } else {
-          log::set_level(k, level);
+          log::set_level(k, level);  // known: checked above
         }
         SM_INFO("admin") << "log level changed: " << k << "=" << r.query.at(k);
       }

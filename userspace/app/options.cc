@@ -97,7 +97,31 @@ const std::map<std::string, std::pair<Setter, const char*>>& flags() {
                      o->proxy.workers = static_cast<int>(n);
                      return std::nullopt;
                    }, "worker threads; 0 = max(2, 25% of cores)"}},
-      {"admin", {endpoint(&proxy::ProxyConfig::admin), "admin address (default 127.0.0.1:15000; 'off')"}},
+      {"admin", {[](const std::string& v, Options* o) -> std::optional<std::string> {
+                   // As ztunnel: the admin API (log levels, config dump) is reachable from this
+                   // host only; scrapers and probes use 15020 and 15021.
+                   if (auto e = parse_endpoint(v, &o->proxy.admin)) return e;
+                   if (o->proxy.admin && !o->proxy.admin->ip.is_loopback()) {
+                     std::string refused = o->proxy.admin->to_string();
+                     o->proxy.admin = Endpoint::parse("127.0.0.1:15000");
+                     return "the admin listener binds a loopback address only (127.0.0.0/8 or "
+                            "::1), got " + refused;
+                   }
+                   return std::nullopt;
+                 }, "admin address, loopback only (default 127.0.0.1:15000; 'off')"}},
+      {"http-max-connections", {[](const std::string& v, Options* o) -> std::optional<std::string> {
+                                  long long n = 0;
+                                  if (auto e = parse_int(v, 1, 4096, &n)) return e;
+                                  o->proxy.http_max_connections = static_cast<size_t>(n);
+                                  return std::nullopt;
+                                }, "open connections per admin/metrics/readiness listener (default 32)"}},
+      {"http-request-timeout-ms", {millis(&proxy::ProxyConfig::http_request_timeout), "admin/metrics/readiness: a request must arrive, and its answer be taken, in this (default 10000)"}},
+      {"http-max-request-bytes", {[](const std::string& v, Options* o) -> std::optional<std::string> {
+                                    long long n = 0;
+                                    if (auto e = parse_int(v, 1024, 1 << 20, &n)) return e;
+                                    o->proxy.http_max_request_bytes = static_cast<size_t>(n);
+                                    return std::nullopt;
+                                  }, "admin/metrics/readiness: largest request head, and body (default 16384)"}},
       {"metrics", {endpoint(&proxy::ProxyConfig::metrics), "metrics address (default 0.0.0.0:15020)"}},
       {"readiness", {endpoint(&proxy::ProxyConfig::readiness), "readiness address (default 0.0.0.0:15021)"}},
       {"socks5", {endpoint(&proxy::ProxyConfig::socks5), "SOCKS5 address, e.g. 127.0.0.1:15080 (default off)"}},

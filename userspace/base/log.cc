@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -34,12 +35,18 @@ Registry& registry() {
 
 std::string_view level_name(Level level) {
   switch (level) {
-    case Level::kTrace: return "trace";
-    case Level::kDebug: return "debug";
-    case Level::kInfo: return "info";
-    case Level::kWarn: return "warn";
-    case Level::kError: return "error";
-    case Level::kOff: return "off";
+    case Level::kTrace:
+      return "trace";
+    case Level::kDebug:
+      return "debug";
+    case Level::kInfo:
+      return "info";
+    case Level::kWarn:
+      return "warn";
+    case Level::kError:
+      return "error";
+    case Level::kOff:
+      return "off";
   }
   return "?";
 }
@@ -62,11 +69,28 @@ void set_level(Level level) {
   r.recompute_floor();
 }
 
-void set_level(std::string_view scope, Level level) {
+const std::vector<std::string_view>& known_scopes() {
+  // Every scope literal in userspace/, loader/ and cni/ (tests/userspace/base/log_test.cc checks
+  // the tree against this list), plus "tls" for the TLS layer.
+  static const std::vector<std::string_view> scopes = {
+      "access", "admin",  "agent",  "config", "h2",   "identity", "inbound",  "install",
+      "kube",   "libbpf", "loader", "main",   "maps", "net",      "outbound", "policy",
+      "pool",   "proxy",  "rbac",   "socks5", "tls",  "zds"};
+  return scopes;
+}
+
+bool is_known_scope(std::string_view scope) {
+  const auto& k = known_scopes();
+  return std::binary_search(k.begin(), k.end(), scope);
+}
+
+bool set_level(std::string_view scope, Level level) {
+  if (!is_known_scope(scope)) return false;
   auto& r = registry();
   std::lock_guard lock(r.mu);
   r.scopes[std::string(scope)] = level;
   r.recompute_floor();
+  return true;
 }
 
 Level level_of(std::string_view scope) {

@@ -5,6 +5,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace sockmesh::log {
 
@@ -13,9 +14,15 @@ enum class Level { kTrace = 0, kDebug = 1, kInfo = 2, kWarn = 3, kError = 4, kOf
 std::string_view level_name(Level level);
 bool parse_level(std::string_view text, Level* out);
 
-// Sets the level for every scope, or for one scope ("proxy", "tls", "config", ...).
+// The scopes the code logs under (sorted). Levels can be set for these only, so that the admin
+// /logging endpoint stores nothing for a name it does not know.
+const std::vector<std::string_view>& known_scopes();
+bool is_known_scope(std::string_view scope);
+
+// Sets the level for every scope, or for one known scope ("proxy", "tls", "config", ...); an
+// unknown scope is refused (false) and nothing is stored.
 void set_level(Level level);
-void set_level(std::string_view scope, Level level);
+bool set_level(std::string_view scope, Level level);
 Level level_of(std::string_view scope);
 // "scope=level" pairs currently set, the default first ("default=info,access=debug").
 std::string describe_levels();
@@ -42,9 +49,9 @@ class Line {
 }  // namespace sockmesh::log
 
 // A loop that runs at most once: a single statement, safe inside an unbraced if/else.
-#define SM_LOG(scope, lvl)                                                                   \
-  for (bool sm_log_on_ = ::sockmesh::log::enabled(scope, ::sockmesh::log::Level::lvl);       \
-       sm_log_on_; sm_log_on_ = false)                                                       \
+#define SM_LOG(scope, lvl)                                                                         \
+  for (bool sm_log_on_ = ::sockmesh::log::enabled(scope, ::sockmesh::log::Level::lvl); sm_log_on_; \
+       sm_log_on_ = false)                                                                         \
   ::sockmesh::log::Line(scope, ::sockmesh::log::Level::lvl)
 
 #define SM_TRACE(scope) SM_LOG(scope, kTrace)

@@ -765,8 +765,7 @@ ParseResult parse_local_config(std::string_view text, std::string_view file_name
 ParseResult load_local_config_file(const std::string& path) {
   std::string text;
   if (int err = read_config_file(path, &text); err != 0) {
-    std::string why = err == EFBIG ? "larger than " + std::to_string(kMaxConfigFileBytes) + " bytes"
-                                   : std::strerror(err);
+    std::string why = read_config_error_text(err);
     return ConfigError{path, 0, 0, "", "cannot read: " + why};
   }
   return parse_local_config(text, path);

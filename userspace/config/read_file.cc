@@ -5,11 +5,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 
 namespace sockmesh::config {
 
 int read_config_file(const std::string& path, std::string* out) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever; it is
+  // refused below as not a regular file (and a regular file ignores the flag).
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) return errno;
   struct stat st {};
   int err = 0;
@@ -44,6 +47,12 @@ int read_config_file(const std::string& path, std::string* out) {
   }
   ::close(fd);
   return err;
+}
+
+std::string read_config_error_text(int err) {
+  if (err == EFBIG) return "larger than " + std::to_string(kMaxConfigFileBytes) + " bytes";
+  if (err == EINVAL) return "not a regular file (a FIFO, device or socket); refused";
+  return std::strerror(err);
 }
 
 }  // namespace sockmesh::config

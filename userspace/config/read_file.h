@@ -13,4 +13,8 @@ inline constexpr size_t kMaxConfigFileBytes = 16u << 20;
 // regular file).
 int read_config_file(const std::string& path, std::string* out);
 
+// What read_config_file's error means, for an operator ("not a regular file (FIFO, device or
+// socket)", "larger than ... bytes", or strerror).
+std::string read_config_error_text(int err);
+
 }  // namespace sockmesh::config

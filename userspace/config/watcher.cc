@@ -12,8 +12,7 @@ namespace sockmesh::config {
 namespace {
 
 ConfigError read_error(const std::string& path, int err) {
-  std::string why = err == EFBIG ? "larger than " + std::to_string(kMaxConfigFileBytes) + " bytes"
-                                 : std::strerror(err);
+  std::string why = read_config_error_text(err);
   return ConfigError{path, 0, 0, "", "cannot read: " + why};
 }
 

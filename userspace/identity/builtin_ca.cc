@@ -121,14 +121,30 @@ Status prepare_dir(const std::filesystem::path& dir) {
     return Error{"state directory " + dir.string() + ": " + files::errno_text(errno)};
   }
   if (!S_ISDIR(st.st_mode)) return Error{"state directory " + dir.string() + " is not a directory"};
-  if ((st.st_mode & 077) != 0) {
-    if (st.st_uid == ::geteuid() && ::chmod(dir.c_str(), 0700) == 0) {
-      SM_INFO(kScope) << "restricted state directory to mode 0700 dir=" << dir.string();
-    } else if ((st.st_mode & 022) != 0) {
-      return Error{"state directory " + dir.string() +
-                   " is writable by group or others and not owned by this user; refusing to keep "
-                   "a CA key there"};
+  if (st.st_uid != ::geteuid()) {
+    return Error{"state directory " + dir.string() + " is owned by uid " +
+                 std::to_string(st.st_uid) + ", not by this process (uid " +
+                 std::to_string(::geteuid()) +
+                 "); refusing to keep a CA key there (chown it, or choose another --state-dir)"};
+  }
+  if ((st.st_mode & 022) != 0) {
+    // Someone else could have written the key we would load: only an empty directory (a
+    // fresh one, created with a loose umask) is tightened and used.
+    std::error_code ec;
+    if (!std::filesystem::is_empty(dir, ec) || ec) {
+      return Error{"state directory " + dir.string() + " is writable by group or others (mode " +
+                   std::to_string((st.st_mode >> 6) & 7) + std::to_string((st.st_mode >> 3) & 7) +
+                   std::to_string(st.st_mode & 7) +
+                   ") and not empty, so its CA files cannot be trusted; refusing (chmod 700 it "
+                   "once you have checked them)"};
     }
+  }
+  if ((st.st_mode & 077) != 0) {
+    if (::chmod(dir.c_str(), 0700) != 0) {
+      return Error{"restricting state directory " + dir.string() +
+                   " to mode 0700: " + files::errno_text(errno)};
+    }
+    SM_INFO(kScope) << "restricted state directory to mode 0700 dir=" << dir.string();
   }
   return {};
 }

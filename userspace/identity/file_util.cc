@@ -71,10 +71,19 @@ std::string errno_text(int err) {
 }
 
 Result<std::optional<std::string>> read(const std::filesystem::path& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever (and hold
+  // the renewal thread); anything but a regular file is refused below.
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
   if (fd.get() < 0) {
     if (errno == ENOENT) return std::optional<std::string>();
     return Error{path.string() + ": " + errno_text(errno)};
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return Error{path.string() + ": " + errno_text(errno)};
+  if (!S_ISREG(st.st_mode)) {
+    return Error{path.string() +
+                 ": not a regular file (a FIFO, device, socket or directory); "
+                 "refused"};
   }
   std::string out;
   char buf[8192];

@@ -34,6 +34,10 @@ struct ProxyConfig {
   std::optional<Endpoint> admin = Endpoint::parse("127.0.0.1:15000");
   std::optional<Endpoint> metrics = Endpoint::parse("0.0.0.0:15020");
   std::optional<Endpoint> readiness = Endpoint::parse("0.0.0.0:15021");
+  // Limits of each of the three HTTP listeners above (observe::HttpLimits).
+  size_t http_max_connections = 32;
+  std::chrono::milliseconds http_request_timeout{10000};
+  size_t http_max_request_bytes = 16384;
   std::optional<Endpoint> socks5;                  // off unless set
   std::optional<Endpoint> outbound;                // transparent, e.g. 0.0.0.0:15001
   std::optional<Endpoint> inbound_plaintext;       // transparent, e.g. 0.0.0.0:15006

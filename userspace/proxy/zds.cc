@@ -156,6 +156,20 @@ bool ZdsClient::stop_requested_within(std::chrono::milliseconds d) {
   return n > 0;
 }
 
+// Why the process at the other end of the ZDS socket is not trusted, or nullopt when it runs as
+// root or as this proxy's user (SO_PEERCRED: its credentials when it called listen()).
+static std::optional<std::string> refuse_peer(int fd, const std::string& path) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return errno_text("reading the credentials of the peer on " + path);
+  }
+  if (cred.uid == 0 || cred.uid == geteuid()) return std::nullopt;
+  return "the process serving " + path + " (pid " + std::to_string(cred.pid) + ") runs as uid " +
+         std::to_string(cred.uid) + ", neither root nor this proxy's uid " +
+         std::to_string(geteuid()) + "; refusing it";
+}
+
 void ZdsClient::run() {
   sockaddr_un addr;
   (void)zds::socket_address(options_.socket_path, &addr);  // checked by start()
@@ -171,6 +185,10 @@ void ZdsClient::run() {
       failure = errno_text("ZDS socket");
     } else if (connect(conn.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
       failure = errno_text("connecting to " + options_.socket_path);
+    } else if (auto refused = refuse_peer(conn.get(), options_.socket_path)) {
+      // The agent hands us network namespaces to serve: only root (the agent) or this proxy's
+      // own user may speak for it, never whoever managed to bind the socket's path.
+      failure = *refused;
     } else if (ioctl(conn.get(), FIONBIO, &blocking) != 0) {
       failure = errno_text("ZDS socket mode");
     } else if (auto err = zds::send_packet(conn.get(), zds::encode(zds::Hello{}))) {
@@ -351,8 +369,7 @@ std::string ZdsClient::add(const zds::AddWorkload& add, UniqueFd netns_fd) {
 
   if (auto it = pods_.find(add.uid); it != pods_.end()) {
     // Without IPs in the add (Istio's agent), the same netns is the same pod, as for ztunnel.
-    if (it->second.netns->same_as(*netns) &&
-        (add.ips.empty() || it->second.info.ips == add.ips)) {
+    if (it->second.netns->same_as(*netns) && (add.ips.empty() || it->second.info.ips == add.ips)) {
       auto ips = it->second.info.ips;
       it->second.info = add;
       it->second.info.ips = ips;

@@ -320,5 +320,26 @@ TEST_F(InstallTest, TheDaemonRepairsARewriteAndStaysInstalledOnSigterm) {
   EXPECT_EQ(files_of(conf_dir()), calico) << "uninstall gives back calico's file";
 }
 
+// A name planted where the installer writes its temporary file (here a link to a file it must
+// not touch) neither redirects the write nor stops it.
+TEST(InstallFiles, WriteFileAtomicNeverFollowsAPlantedTemporaryName) {
+  fs::path dir = fs::temp_directory_path() / ("sockmesh-install-tmp-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  fs::path victim = dir / "victim";
+  std::ofstream(victim) << "keep me";
+  // The name the installer used to pick: dir/.<base>.<pid>.tmp
+  fs::create_symlink(victim, dir / (".conf." + std::to_string(getpid()) + ".tmp"));
+  std::string error;
+  EXPECT_TRUE(write_file_atomic((dir / "conf").string(), "new", 0600, &error)) << error;
+  std::stringstream kept;
+  kept << std::ifstream(victim).rdbuf();
+  EXPECT_EQ(kept.str(), "keep me");
+  std::stringstream written;
+  written << std::ifstream(dir / "conf").rdbuf();
+  EXPECT_EQ(written.str(), "new");
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(dir / "conf")));
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace sockmesh::cni::install

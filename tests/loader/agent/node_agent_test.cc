@@ -64,6 +64,11 @@ struct ViewBuilder {
     view->pods[LabelView::key(ns, name)] = m;
     return *this;
   }
+  // Pods the label source knows, with no labels (their service account: sa-<name>).
+  ViewBuilder& known(const std::string& ns, std::initializer_list<const char*> names) {
+    for (const char* n : names) pod(ns, n, {});
+    return *this;
+  }
   LabelViewPtr build() { return view; }
 };
 
@@ -157,6 +162,7 @@ TEST_F(NodeAgentTest, EnrollmentDecisionsThroughAddEvents) {
                            .ns("kube-system", kAmbient)
                            .pod("shop", "opted-out", kOptOut)
                            .pod("plain", "opted-in", kAmbient)
+                           .known("shop", {"labelled-ns", "host-network"})
                            .build());
   struct Case {
     const char* ns;
@@ -183,12 +189,12 @@ TEST_F(NodeAgentTest, EnrollmentDecisionsThroughAddEvents) {
   }
   // The pod's service account came from the label source.
   EXPECT_EQ(handoff_->pods().at("uid-opted-in").service_account, "sa-opted-in");
-  EXPECT_EQ(enroller_.workload_map().at(ip("10.0.0.1")).service_account, "default");
+  EXPECT_EQ(enroller_.workload_map().at(ip("10.0.0.1")).service_account, "sa-labelled-ns");
 }
 
 TEST_F(NodeAgentTest, HandsToTheProxyBeforeCaptureAndTakesCaptureOffFirst) {
   auto agent = make_agent();
-  agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).known("shop", {"a", "b", "c"}).build());
   log_.clear();
   auto add = event(cni::Command::kAdd, "shop", "a", netns(1), "10.0.0.1");
   EXPECT_EQ(agent->handle(add).outcome, Outcome::kEnrolled);
@@ -215,7 +221,7 @@ TEST_F(NodeAgentTest, StartSyncsTheProxyBeforeAnyAdd) {
 
 TEST_F(NodeAgentTest, FailedEnrollmentLeavesNothingBehind) {
   auto agent = make_agent();
-  agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).known("shop", {"a", "b", "c"}).build());
   enroller_.fail_enroll_of("uid-a");
   log_.clear();
   auto reply = agent->handle(event(cni::Command::kAdd, "shop", "a", netns(1), "10.0.0.1"));
@@ -229,7 +235,7 @@ TEST_F(NodeAgentTest, FailedEnrollmentLeavesNothingBehind) {
 
 TEST_F(NodeAgentTest, UnreachableProxyFailsTheAddWithoutCapture) {
   auto agent = make_agent();
-  agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).known("shop", {"a", "b", "c"}).build());
   handoff_->fail_adds(true);
   auto reply = agent->handle(event(cni::Command::kAdd, "shop", "a", netns(1), "10.0.0.1"));
   EXPECT_EQ(reply.outcome, Outcome::kFailed);
@@ -302,25 +308,60 @@ TEST_F(NodeAgentTest, LabellingANamespaceEnrollsItsRunningPodsAndUnlabellingUnen
   for (const auto& [uid, record] : agent->pods()) EXPECT_FALSE(record.enrolled) << uid;
 }
 
-TEST_F(NodeAgentTest, APodsServiceAccountLearntLaterUpdatesItsWorkloadRecord) {
-  // The first view knows the namespace but not the pod (its ADD beat the view): the default
-  // service account is all the agent has.
+// The first view knows the namespace but not the pod (its ADD beat the view) and the source
+// cannot say more: the pod must not be enrolled as service account "default" (an identity it was
+// not given). The ADD fails, with nothing captured or handed to the proxy, and is counted; once
+// the view has the pod, the held sandbox is enrolled with its own identity, and so is a retry.
+TEST_F(NodeAgentTest, APodWhoseMetadataIsUnknownIsHeldNotEnrolledAsDefault) {
   auto agent = make_agent();
   agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
-  ASSERT_EQ(agent->handle(event(cni::Command::kAdd, "shop", "web", netns(1), "10.0.0.1")).outcome,
-            Outcome::kEnrolled);
-  EXPECT_EQ(enroller_.workload_map().at(ip("10.0.0.1")).service_account, "default");
-  // The next view has the pod: the record's identity follows, and it stays enrolled.
+  auto reply = agent->handle(event(cni::Command::kAdd, "shop", "web", netns(1), "10.0.0.1"));
+  EXPECT_EQ(reply.outcome, Outcome::kFailed);
+  EXPECT_NE(reply.message.find("metadata"), std::string::npos) << reply.message;
+  EXPECT_NE(reply.message.find("held"), std::string::npos) << reply.message;
+  EXPECT_FALSE(in_map("10.0.0.1")) << "enrolled under a guessed identity";
+  EXPECT_FALSE(handed_over("uid-web"));
+  EXPECT_EQ(agent->adds_held_for_metadata(), 1u);
+  ASSERT_EQ(agent->pods().count("uid-web"), 1u);
+  EXPECT_TRUE(agent->pods().at("uid-web").metadata_pending);
+  // A view without the pod changes nothing.
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).known("shop", {"other"}).build());
+  EXPECT_FALSE(in_map("10.0.0.1"));
+  // The next view has the pod: the held sandbox is enrolled with the pod's own identity.
   agent->update_labels(ViewBuilder().ns("shop", kAmbient).pod("shop", "web", {}).build());
   ASSERT_TRUE(in_map("10.0.0.1"));
   EXPECT_EQ(enroller_.workload_map().at(ip("10.0.0.1")).service_account, "sa-web");
   EXPECT_EQ(agent->pods().at("uid-web").service_account, "sa-web");
+  EXPECT_FALSE(agent->pods().at("uid-web").metadata_pending);
   EXPECT_TRUE(handed_over("uid-web"));
+  EXPECT_EQ(handoff_->pods().at("uid-web").service_account, "sa-web");
+  // The runtime's retry (a new sandbox) now succeeds at once.
+  reply = agent->handle(event(cni::Command::kAdd, "shop", "web", netns(2), "10.0.0.2"));
+  EXPECT_EQ(reply.outcome, Outcome::kEnrolled) << reply.message;
+  EXPECT_EQ(enroller_.workload_map().at(ip("10.0.0.2")).service_account, "sa-web");
+  EXPECT_EQ(agent->adds_held_for_metadata(), 1u);
+}
+
+// A held pod is persisted as held: an agent restarted before the metadata arrives does not
+// enroll it on a guess either.
+TEST_F(NodeAgentTest, AHeldPodStaysHeldAcrossARestart) {
+  {
+    auto agent = make_agent();
+    agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
+    EXPECT_EQ(agent->handle(event(cni::Command::kAdd, "shop", "web", netns(1), "10.0.0.1")).outcome,
+              Outcome::kFailed);
+  }
+  auto agent = make_agent();
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
+  EXPECT_FALSE(in_map("10.0.0.1"));
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).pod("shop", "web", {}).build());
+  ASSERT_TRUE(in_map("10.0.0.1"));
+  EXPECT_EQ(enroller_.workload_map().at(ip("10.0.0.1")).service_account, "sa-web");
 }
 
 TEST_F(NodeAgentTest, ANewSandboxReplacesTheOldAndAStaleDelIsIgnored) {
   auto agent = make_agent();
-  agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).known("shop", {"a", "b", "c"}).build());
   EXPECT_EQ(
       agent->handle(event(cni::Command::kAdd, "shop", "a", netns(1), "10.0.0.1", "c1")).outcome,
       Outcome::kEnrolled);
@@ -338,7 +379,7 @@ TEST_F(NodeAgentTest, ANewSandboxReplacesTheOldAndAStaleDelIsIgnored) {
 
 TEST_F(NodeAgentTest, CheckRepairsAPodThatLostItsEnrollment) {
   auto agent = make_agent();
-  agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).known("shop", {"a", "b", "c"}).build());
   auto add = event(cni::Command::kAdd, "shop", "a", netns(1), "10.0.0.1");
   ASSERT_EQ(agent->handle(add).outcome, Outcome::kEnrolled);
   auto check = add;
@@ -349,7 +390,7 @@ TEST_F(NodeAgentTest, CheckRepairsAPodThatLostItsEnrollment) {
 
 TEST_F(NodeAgentTest, AReplyThePluginNeverReadIsUndone) {
   auto agent = make_agent();
-  agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).known("shop", {"a", "b", "c"}).build());
   auto add = event(cni::Command::kAdd, "shop", "a", netns(1), "10.0.0.1");
   ASSERT_EQ(agent->handle(add).outcome, Outcome::kEnrolled);
   agent->reply_lost(add);
@@ -360,7 +401,7 @@ TEST_F(NodeAgentTest, AReplyThePluginNeverReadIsUndone) {
 
 TEST_F(NodeAgentTest, SweepForgetsPodsWhoseNetnsVanished) {
   auto agent = make_agent();
-  agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).known("shop", {"a", "b", "c"}).build());
   agent->handle(event(cni::Command::kAdd, "shop", "a", netns(1), "10.0.0.1"));
   agent->handle(event(cni::Command::kAdd, "shop", "b", netns(2), "10.0.0.2"));
   enroller_.remove_netns(netns(1));
@@ -374,7 +415,7 @@ TEST_F(NodeAgentTest, SweepForgetsPodsWhoseNetnsVanished) {
 TEST_F(NodeAgentTest, ARestartedAgentAdoptsWhatLivesAndCleansUpWhatDoesNot) {
   {
     auto agent = make_agent();
-    agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
+    agent->update_labels(ViewBuilder().ns("shop", kAmbient).known("shop", {"a", "b", "c"}).build());
     agent->handle(event(cni::Command::kAdd, "shop", "a", netns(1), "10.0.0.1"));
     agent->handle(event(cni::Command::kAdd, "shop", "b", netns(2), "10.0.0.2"));
   }
@@ -411,7 +452,7 @@ TEST_F(NodeAgentTest, ARestartedAgentAdoptsWhatLivesAndCleansUpWhatDoesNot) {
   EXPECT_EQ(log_.calls().back(), "sync u3,uid-a");
 
   // Labels arrive: the adopted pod is decided like the others (its namespace is ambient).
-  agent->update_labels(ViewBuilder().ns("shop", kAmbient).build());
+  agent->update_labels(ViewBuilder().ns("shop", kAmbient).known("shop", {"a", "b", "c"}).build());
   EXPECT_TRUE(in_map("10.0.0.3"));
   agent->update_labels(ViewBuilder().ns("shop").build());
   EXPECT_TRUE(enroller_.workload_map().empty());

@@ -1,7 +1,12 @@
 #include "config/local_config.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <future>
 
 #include <filesystem>
 #include <fstream>
@@ -666,6 +671,30 @@ INSTANTIATE_TEST_SUITE_P(Cases, InvalidConfig, ::testing::ValuesIn(kBadCases),
                          [](const ::testing::TestParamInfo<BadCase>& info) {
                            return std::string(info.param.name);
                          });
+
+// A FIFO named as the config file: opening it for reading used to wait for a writer forever
+// (the start-up, or the watcher's thread, hung). It is refused at once, with a clear reason.
+TEST(LocalConfig, RefusesAFifoWithoutBlocking) {
+  auto path = std::filesystem::temp_directory_path() /
+              ("sockmesh-config-fifo-" + std::to_string(getpid()) + ".yaml");
+  std::filesystem::remove(path);
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  auto result =
+      std::async(std::launch::async, [&] { return load_local_config_file(path.string()); });
+  if (result.wait_for(std::chrono::seconds(3)) != std::future_status::ready) {
+    // Release the blocked reader so that the test ends, then fail.
+    int w = ::open(path.c_str(), O_WRONLY | O_NONBLOCK);
+    if (w >= 0) ::close(w);
+    result.wait();
+    std::filesystem::remove(path);
+    FAIL() << "reading a FIFO as the config file blocked for 3 s";
+  }
+  auto r = result.get();
+  std::filesystem::remove(path);
+  const ConfigError* err = error_of(r);
+  ASSERT_NE(err, nullptr);
+  EXPECT_NE(err->to_string().find("not a regular file"), std::string::npos) << err->to_string();
+}
 
 TEST(LocalConfig, ReportsTheFirstErrorOnly) {
   // A second workload is missing its IPs too, but the error is about the first one.

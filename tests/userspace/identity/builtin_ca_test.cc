@@ -219,6 +219,32 @@ TEST(BuiltinCaTest, TightensOwnDirectoryMode) {
   EXPECT_EQ(mode_of(dir), 0700u);
 }
 
+// Whoever can write the state directory can put their own CA key there for us to load.
+TEST(BuiltinCaTest, RefusesADirectoryOwnedBySomeoneElse) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give the directory to another uid";
+  TempDir tmp;
+  auto dir = tmp.path() / "theirs";
+  std::filesystem::create_directory(dir);
+  ::chmod(dir.c_str(), 0700);
+  ASSERT_EQ(::chown(dir.c_str(), 65534, 65534), 0);
+  auto r = BuiltinCa::load_or_create(dir, "cluster.local");
+  ASSERT_FALSE(r.ok()) << "a CA was kept in a directory owned by uid 65534";
+  EXPECT_NE(r.error().message.find("owned by uid 65534"), std::string::npos) << r.error().message;
+  EXPECT_TRUE(dir_listing(dir).empty());
+}
+
+TEST(BuiltinCaTest, RefusesAWritableDirectoryThatAlreadyHoldsFiles) {
+  TempDir tmp;
+  auto dir = tmp.path() / "open";
+  ASSERT_TRUE(must_load(dir));  // a real CA: the files are valid, only the mode is wrong
+  ::chmod(dir.c_str(), 0777);   // ...and someone else could have replaced them meanwhile
+  auto r = BuiltinCa::load_or_create(dir, "cluster.local");
+  ASSERT_FALSE(r.ok()) << "loaded a CA key from a world-writable directory";
+  EXPECT_NE(r.error().message.find("writable by group or others"), std::string::npos)
+      << r.error().message;
+  EXPECT_EQ(mode_of(dir), 0777u);  // left for the operator to check, not silently fixed
+}
+
 TEST(BuiltinCaTest, DamagedFilesAreErrorsNotOverwritten) {
   TempDir tmp;
   ASSERT_TRUE(must_load(tmp.path()));

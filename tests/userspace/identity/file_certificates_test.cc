@@ -1,9 +1,14 @@
 #include "identity/file_certificates.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <future>
+
 #include "identity/builtin_ca.h"
+#include "identity/file_util.h"
 #include "identity/certificate_cache.h"
 #include "identity/verify.h"
 #include "test_util.h"
@@ -61,6 +66,25 @@ class FileCertificatesTest : public ::testing::Test {
   TempDir certs_dir_;
   std::shared_ptr<BuiltinCa> ca_;
 };
+
+// A FIFO where a certificate or key is expected: opening it used to wait for a writer forever
+// (start-up, or the reload thread, hung). It is refused at once, naming the file.
+TEST(FileUtil, ReadRefusesAFifoWithoutBlocking) {
+  TempDir tmp;
+  auto path = tmp.path() / "cert-chain.pem";
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  auto result = std::async(std::launch::async, [&] { return files::read(path); });
+  if (result.wait_for(3s) != std::future_status::ready) {
+    int w = ::open(path.c_str(), O_WRONLY | O_NONBLOCK);  // releases the blocked reader
+    if (w >= 0) ::close(w);
+    result.wait();
+    FAIL() << "reading a FIFO as a certificate file blocked for 3 s";
+  }
+  auto r = result.get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("not a regular file"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("cert-chain.pem"), std::string::npos) << r.error().message;
+}
 
 TEST_F(FileCertificatesTest, ReadsPerIdentityLayout) {
   CertifiedKeyPtr web = install(kWeb, per_id(kWeb));
