@@ -114,6 +114,12 @@ const std::map<std::string, std::pair<Setter, const char*>>& flags() {
       {"connect-timeout-ms", {millis(&proxy::ProxyConfig::connect_timeout), "TCP connect deadline (default 5000)"}},
       {"handshake-timeout-ms", {millis(&proxy::ProxyConfig::handshake_timeout), "TLS and SOCKS5 handshake deadline (default 10000)"}},
       {"config-poll-ms", {millis(&proxy::ProxyConfig::config_poll), "how often the config file is checked (default 1000)"}},
+      {"certificate-check-ms", {[](const std::string& v, Options* o) -> std::optional<std::string> {
+                                  long long n = 0;  // 0 would spin the renewal thread
+                                  if (auto e = parse_int(v, 100, 86400000, &n)) return e;
+                                  o->proxy.certificate_check = std::chrono::milliseconds(n);
+                                  return std::nullopt;
+                                }, "how often certificates are renewed and mounted files (root-cert.pem included) re-read (default 10000)"}},
       {"log-level", {[](const std::string& v, Options* o) -> std::optional<std::string> {
                        o->log_level = v;
                        return std::nullopt;

@@ -121,17 +121,18 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
   record->identify(observe::Reporter::kSource, view);
   access.dst_hbone_addr = Endpoint{route.target.ip, ctx.config.hbone_port}.to_string();
 
-  PoolKey key{view.source->identity(), client_addr.ip, dst.identity(),
-              Endpoint{route.target.ip, ctx.config.hbone_port}};
-  std::vector<std::string> expected{dst.identity()};
+  std::vector<std::string> acceptable{dst.identity()};
   if (route.service != nullptr) {
-    for (const auto& san : route.service->subject_alt_names) expected.push_back(san);
+    for (const auto& san : route.service->subject_alt_names) acceptable.push_back(san);
   }
+  PoolKey key = PoolKey::make(view.source->identity(), client_addr.ip, dst.identity(),
+                              Endpoint{route.target.ip, ctx.config.hbone_port},
+                              std::move(acceptable));
   std::string authority = route.target.to_string();
   h2::HeaderList headers{{"forwarded", "for=\"" + client_addr.to_string() + "\""},
                          {"baggage", baggage_of(*view.source)}};
   worker.pool().acquire(
-      key, std::move(expected),
+      key,
       [record, client_ptr, ready, authority, headers, read_paused](
           std::shared_ptr<h2::H2Connection> conn, const HbonePool::Failure* failure) {
         if (failure != nullptr) {

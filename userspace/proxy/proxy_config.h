@@ -29,6 +29,9 @@ struct ProxyConfig {
   std::string trust_domain = "cluster.local";
   int workers = 0;  // 0: max(2, 25% of cores)
   std::chrono::milliseconds config_poll{1000};
+  // How often certificates are checked for renewal and mounted files (certificates and
+  // root-cert.pem) for changes.
+  std::chrono::milliseconds certificate_check{10000};
 
   std::optional<Endpoint> admin = Endpoint::parse("127.0.0.1:15000");
   std::optional<Endpoint> metrics = Endpoint::parse("0.0.0.0:15020");
