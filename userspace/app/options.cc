@@ -77,53 +77,119 @@ Setter text(std::string proxy::ProxyConfig::*field) {
 
 const std::map<std::string, std::pair<Setter, const char*>>& flags() {
   static const std::map<std::string, std::pair<Setter, const char*>> f = {
-      {"node", {text(&proxy::ProxyConfig::node_name), "this node's name (workloads whose node matches are local)"}},
-      {"config", {text(&proxy::ProxyConfig::config_file), "local config YAML (ztunnel format); default: embedded"}},
-      {"state-dir", {text(&proxy::ProxyConfig::state_dir), "where the built-in CA keeps its root (default /var/lib/sockmesh)"}},
-      {"certs-dir", {text(&proxy::ProxyConfig::certs_dir), "mounted certificates instead of the built-in CA"}},
-      {"trust-domain", {text(&proxy::ProxyConfig::trust_domain), "mesh trust domain (default cluster.local)"}},
-      {"workers", {[](const std::string& v, Options* o) -> std::optional<std::string> {
-                     long long n = 0;
-                     if (auto e = parse_int(v, 0, 256, &n)) return e;
-                     o->proxy.workers = static_cast<int>(n);
-                     return std::nullopt;
-                   }, "worker threads; 0 = max(2, 25% of cores)"}},
-      {"admin", {endpoint(&proxy::ProxyConfig::admin), "admin address (default 127.0.0.1:15000; 'off')"}},
-      {"metrics", {endpoint(&proxy::ProxyConfig::metrics), "metrics address (default 0.0.0.0:15020)"}},
-      {"readiness", {endpoint(&proxy::ProxyConfig::readiness), "readiness address (default 0.0.0.0:15021)"}},
-      {"socks5", {endpoint(&proxy::ProxyConfig::socks5), "SOCKS5 address, e.g. 127.0.0.1:15080 (default off)"}},
-      {"outbound", {endpoint(&proxy::ProxyConfig::outbound), "transparent outbound listener, e.g. 0.0.0.0:15001"}},
-      {"inbound-plaintext", {endpoint(&proxy::ProxyConfig::inbound_plaintext), "transparent inbound plaintext listener, e.g. 0.0.0.0:15006"}},
-      {"hbone-listen", {endpoint(&proxy::ProxyConfig::hbone_listen), "one HBONE listener here instead of <workload ip>:15008 each"}},
-      {"hbone-port", {[](const std::string& v, Options* o) -> std::optional<std::string> {
-                        long long n = 0;
-                        if (auto e = parse_int(v, 1, 65535, &n)) return e;
-                        o->proxy.hbone_port = static_cast<uint16_t>(n);
-                        return std::nullopt;
-                      }, "HBONE port (default 15008)"}},
-      {"preserve-source-ip", {[](const std::string& v, Options* o) {
-                                return parse_bool(v, &o->proxy.preserve_source_ip);
-                              }, "apps see the client's IP (default true)"}},
-      {"zds-socket", {text(&proxy::ProxyConfig::zds_socket), "in-pod mode: connect to the node agent's ZDS socket here and take pods from it (Istio's: /var/run/ztunnel/ztunnel.sock; default off)"}},
-      {"bpf-pin-root", {[](const std::string& v, Options* o) -> std::optional<std::string> {
-                          o->proxy.bpf_pin_root = v == "off" || v == "none" ? "" : v;
-                          return std::nullopt;
-                        }, "sockmesh's pinned maps: identities of enrolled pods, in-pod listeners (default " SM_PIN_ROOT_DEFAULT "; 'off')"}},
-      {"drain-timeout-ms", {millis(&proxy::ProxyConfig::drain_timeout), "how long SIGTERM waits for connections (default 5000)"}},
-      {"pool-idle-timeout-ms", {millis(&proxy::ProxyConfig::pool_idle_timeout), "idle pooled HBONE connections close after this (default 30000)"}},
-      {"connect-timeout-ms", {millis(&proxy::ProxyConfig::connect_timeout), "TCP connect deadline (default 5000)"}},
-      {"handshake-timeout-ms", {millis(&proxy::ProxyConfig::handshake_timeout), "TLS and SOCKS5 handshake deadline (default 10000)"}},
-      {"config-poll-ms", {millis(&proxy::ProxyConfig::config_poll), "how often the config file is checked (default 1000)"}},
-      {"certificate-check-ms", {[](const std::string& v, Options* o) -> std::optional<std::string> {
-                                  long long n = 0;  // 0 would spin the renewal thread
-                                  if (auto e = parse_int(v, 100, 86400000, &n)) return e;
-                                  o->proxy.certificate_check = std::chrono::milliseconds(n);
-                                  return std::nullopt;
-                                }, "how often certificates are renewed and mounted files (root-cert.pem included) re-read (default 10000)"}},
-      {"log-level", {[](const std::string& v, Options* o) -> std::optional<std::string> {
-                       o->log_level = v;
-                       return std::nullopt;
-                     }, "trace, debug, info, warn, error (default info)"}},
+      {"node",
+       {text(&proxy::ProxyConfig::node_name),
+        "this node's name (workloads whose node matches are local)"}},
+      {"config",
+       {text(&proxy::ProxyConfig::config_file),
+        "local config YAML (ztunnel format); default: embedded"}},
+      {"state-dir",
+       {text(&proxy::ProxyConfig::state_dir),
+        "where the built-in CA keeps its root (default /var/lib/sockmesh)"}},
+      {"certs-dir",
+       {text(&proxy::ProxyConfig::certs_dir), "mounted certificates instead of the built-in CA"}},
+      {"trust-domain",
+       {text(&proxy::ProxyConfig::trust_domain), "mesh trust domain (default cluster.local)"}},
+      {"workers",
+       {[](const std::string& v, Options* o) -> std::optional<std::string> {
+          long long n = 0;
+          if (auto e = parse_int(v, 0, 256, &n)) return e;
+          o->proxy.workers = static_cast<int>(n);
+          return std::nullopt;
+        },
+        "worker threads; 0 = max(2, 25% of cores)"}},
+      {"admin",
+       {endpoint(&proxy::ProxyConfig::admin), "admin address (default 127.0.0.1:15000; 'off')"}},
+      {"metrics",
+       {endpoint(&proxy::ProxyConfig::metrics), "metrics address (default 0.0.0.0:15020)"}},
+      {"readiness",
+       {endpoint(&proxy::ProxyConfig::readiness), "readiness address (default 0.0.0.0:15021)"}},
+      {"socks5",
+       {endpoint(&proxy::ProxyConfig::socks5),
+        "SOCKS5 address, e.g. 127.0.0.1:15080 (default off)"}},
+      {"socks5-clients",
+       {[](const std::string& v, Options* o) -> std::optional<std::string> {
+          o->proxy.socks5_clients.clear();
+          size_t start = 0;
+          while (start <= v.size() && !v.empty()) {
+            size_t comma = v.find(',', start);
+            std::string item =
+                v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+            auto eq = item.find('=');
+            auto ip = eq == std::string::npos ? std::nullopt : IpAddress::parse(item.substr(0, eq));
+            if (!ip || eq + 1 >= item.size()) {
+              return "expected SOURCE_IP=WORKLOAD_UID[,...], got '" + item + "'";
+            }
+            o->proxy.socks5_clients.push_back({*ip, item.substr(eq + 1)});
+            if (comma == std::string::npos) break;
+            start = comma + 1;
+          }
+          return std::nullopt;
+        },
+        "SOCKS5 clients as SOURCE_IP=WORKLOAD_UID[,...]: a client from SOURCE_IP acts as that "
+        "local workload; every other source is refused (default: none)"}},
+      {"outbound",
+       {endpoint(&proxy::ProxyConfig::outbound),
+        "transparent outbound listener, e.g. 0.0.0.0:15001"}},
+      {"inbound-plaintext",
+       {endpoint(&proxy::ProxyConfig::inbound_plaintext),
+        "transparent inbound plaintext listener, e.g. 0.0.0.0:15006"}},
+      {"hbone-listen",
+       {endpoint(&proxy::ProxyConfig::hbone_listen),
+        "one HBONE listener here instead of <workload ip>:15008 each"}},
+      {"hbone-port",
+       {[](const std::string& v, Options* o) -> std::optional<std::string> {
+          long long n = 0;
+          if (auto e = parse_int(v, 1, 65535, &n)) return e;
+          o->proxy.hbone_port = static_cast<uint16_t>(n);
+          return std::nullopt;
+        },
+        "HBONE port (default 15008)"}},
+      {"preserve-source-ip",
+       {[](const std::string& v, Options* o) {
+          return parse_bool(v, &o->proxy.preserve_source_ip);
+        },
+        "apps see the client's IP (default true)"}},
+      {"zds-socket",
+       {text(&proxy::ProxyConfig::zds_socket),
+        "in-pod mode: connect to the node agent's ZDS socket here and take pods from it (Istio's: "
+        "/var/run/ztunnel/ztunnel.sock; default off)"}},
+      {"bpf-pin-root",
+       {[](const std::string& v, Options* o) -> std::optional<std::string> {
+          o->proxy.bpf_pin_root = v == "off" || v == "none" ? "" : v;
+          return std::nullopt;
+        },
+        "sockmesh's pinned maps: identities of enrolled pods, in-pod listeners "
+        "(default " SM_PIN_ROOT_DEFAULT "; 'off')"}},
+      {"drain-timeout-ms",
+       {millis(&proxy::ProxyConfig::drain_timeout),
+        "how long SIGTERM waits for connections (default 5000)"}},
+      {"pool-idle-timeout-ms",
+       {millis(&proxy::ProxyConfig::pool_idle_timeout),
+        "idle pooled HBONE connections close after this (default 30000)"}},
+      {"connect-timeout-ms",
+       {millis(&proxy::ProxyConfig::connect_timeout), "TCP connect deadline (default 5000)"}},
+      {"handshake-timeout-ms",
+       {millis(&proxy::ProxyConfig::handshake_timeout),
+        "TLS and SOCKS5 handshake deadline (default 10000)"}},
+      {"config-poll-ms",
+       {millis(&proxy::ProxyConfig::config_poll),
+        "how often the config file is checked (default 1000)"}},
+      {"certificate-check-ms",
+       {[](const std::string& v, Options* o) -> std::optional<std::string> {
+          long long n = 0;  // 0 would spin the renewal thread
+          if (auto e = parse_int(v, 100, 86400000, &n)) return e;
+          o->proxy.certificate_check = std::chrono::milliseconds(n);
+          return std::nullopt;
+        },
+        "how often certificates are renewed and mounted files (root-cert.pem included) re-read "
+        "(default 10000)"}},
+      {"log-level",
+       {[](const std::string& v, Options* o) -> std::optional<std::string> {
+          o->log_level = v;
+          return std::nullopt;
+        },
+        "trace, debug, info, warn, error (default info)"}},
   };
   return f;
 }

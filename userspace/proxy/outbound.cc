@@ -78,11 +78,37 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
     fail({false, route.error, ResponseFlags::kConnectionFailure, false, true});
     return;
   }
+  // The proxy's admin, metrics, readiness and entry listeners are not destinations: reaching
+  // them through the proxy would lend them the proxy's own source address (and its loopback).
+  const Endpoint* aimed_at[] = {&original_destination, &route.target};
+  for (const Endpoint* at : aimed_at) {
+    if (ctx.is_own_listener(*at)) {
+      ctx.metrics
+          ->counter("sockmesh_outbound_loop_refused_total",
+                    "Outbound connections refused because they were aimed at one of the "
+                    "proxy's own listeners")
+          .inc();
+      fail({false, "destination " + at->to_string() + " is one of the proxy's own listeners",
+            ResponseFlags::kConnectionFailure});
+      return;
+    }
+  }
   access.dst_addr = route.target.to_string();
   // Decided now, while the client socket is fresh: sockops paired it with the app at accept.
   auto read_paused = ctx.bypass_read_paused(client_ptr->native_handle());
 
   bool hbone = route.workload != nullptr && route.workload->protocol == state::Protocol::kHbone;
+  if (!hbone && (route.target.ip.is_loopback() || route.target.ip.is_unspecified())) {
+    // Loopback is the proxy's own host (or the pod's, in-pod): its admin port, node services.
+    ctx.metrics
+        ->counter("sockmesh_outbound_loopback_refused_total",
+                  "Plain-TCP passthrough refused because the destination was a loopback "
+                  "or unspecified address")
+        .inc();
+    fail({false, "passthrough to " + route.target.to_string() + " refused: loopback destination",
+          ResponseFlags::kConnectionFailure});
+    return;
+  }
   if (!hbone) {
     // Passthrough: outside the mesh, or a workload that does not speak HBONE.
     if (route.workload != nullptr) view.destination_principal = route.workload->identity();

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "base/ip_address.h"
 #include "h2/connection.h"
@@ -20,6 +21,13 @@ inline constexpr uint16_t kSocks5Port = 15080;
 inline constexpr uint16_t kAdminPort = 15000;
 inline constexpr uint16_t kMetricsPort = 15020;
 inline constexpr uint16_t kReadinessPort = 15021;
+
+// A SOCKS5 client source address and the workload (by uid) it speaks for. Anything on the host
+// can pick any 127.x source, so this is a grant by the operator, not a proof.
+struct Socks5Client {
+  IpAddress source;
+  std::string workload_uid;
+};
 
 struct ProxyConfig {
   std::string node_name = "node-a";
@@ -37,6 +45,8 @@ struct ProxyConfig {
   std::optional<Endpoint> metrics = Endpoint::parse("0.0.0.0:15020");
   std::optional<Endpoint> readiness = Endpoint::parse("0.0.0.0:15021");
   std::optional<Endpoint> socks5;                  // off unless set
+  // Who may use the SOCKS5 entry, and as which workload; a source not listed is refused.
+  std::vector<Socks5Client> socks5_clients;
   std::optional<Endpoint> outbound;                // transparent, e.g. 0.0.0.0:15001
   std::optional<Endpoint> inbound_plaintext;       // transparent, e.g. 0.0.0.0:15006
   // HBONE: by default one listener on <ip>:15008 for each IP of each local workload; with

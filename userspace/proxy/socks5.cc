@@ -34,6 +34,46 @@ std::array<uint8_t, 10> reply(uint8_t code) {
   return {5, code, 0, 1, 0, 0, 0, 0, 0, 0};
 }
 
+// Peer-supplied text for a log line: control characters, DEL, bytes outside ASCII and the
+// backslash come out as \xNN, so a hostname cannot forge log lines or terminal escapes.
+std::string printable(std::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  for (unsigned char c : text) {
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out += "\\x";
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 0xf]);
+    }
+  }
+  return out;
+}
+
+// Why `client` may not use the SOCKS5 entry, or nullopt when --socks5-clients grants it a local
+// workload that (still) owns that address.
+std::optional<std::string> refusal(ProxyContext& ctx, const IpAddress& client) {
+  const Socks5Client* grant = nullptr;
+  for (const auto& c : ctx.config.socks5_clients) {
+    if (c.source == client) grant = &c;
+  }
+  if (grant == nullptr)
+    return "source " + client.to_string() + " is not listed in --socks5-clients";
+  auto snap = ctx.store->get();
+  const state::Workload* named = snap->workload_by_uid(grant->workload_uid);
+  if (named == nullptr) {
+    return "workload " + grant->workload_uid + " (granted to " + client.to_string() +
+           " by --socks5-clients) is not in the mesh state";
+  }
+  if (ctx.local_workload(*snap, client) != named) {
+    return "source " + client.to_string() + " is not an address of local workload " +
+           grant->workload_uid + " (granted by --socks5-clients)";
+  }
+  return std::nullopt;
+}
+
 const state::Service* service_by_hostname(const state::Snapshot& snap, const std::string& host) {
   for (const auto& s : snap.services()) {
     if (s.hostname == host) return &s;
@@ -93,7 +133,7 @@ awaitable<Negotiated> negotiate(ProxyContext& ctx, Tcp::socket& s) {
       ip = literal;
     }
     if (!ip) {
-      SM_INFO("socks5") << "unknown host " << host;
+      SM_INFO("socks5") << "unknown host \"" << printable(host) << "\"";
       uint8_t port[2];
       co_await boost::asio::async_read(s, boost::asio::buffer(port), use_awaitable);
       auto r = reply(kHostUnreachable);
@@ -137,11 +177,27 @@ void Socks5::handle(Worker& worker, Tcp::socket socket) {
   boost::asio::co_spawn(
       worker.io(),
       [&ctx, sock]() -> awaitable<Negotiated> { co_return co_await negotiate(ctx, *sock); },
-      [&outbound, &worker, sock, timer, client](std::exception_ptr e, Negotiated n) {
+      [&ctx, &outbound, &worker, sock, timer, client](std::exception_ptr e, Negotiated n) {
         timer->cancel();
         if (e || !n.ok || !sock->is_open()) {
           boost::system::error_code ignored;
           sock->close(ignored);
+          return;
+        }
+        // Checked when the request is in, so that the client gets a reply that says "not allowed".
+        if (auto why = refusal(ctx, client.ip)) {
+          SM_WARN("socks5") << "client " << client.to_string() << " refused: " << *why;
+          ctx.metrics
+              ->counter("sockmesh_socks5_refused_total",
+                        "SOCKS5 clients refused because --socks5-clients grants their source "
+                        "address no local workload")
+              .inc();
+          auto r = std::make_shared<std::array<uint8_t, 10>>(reply(kNotAllowed));
+          boost::asio::async_write(*sock, boost::asio::buffer(*r),
+                                   [r, sock](const boost::system::error_code&, size_t) {
+                                     boost::system::error_code ignored;
+                                     sock->close(ignored);
+                                   });
           return;
         }
         outbound.handle(worker, std::move(*sock), client, n.destination,

@@ -80,17 +80,7 @@ struct MeshTls::RootSet {
 };
 
 std::optional<std::string> MeshTls::check_bundle(const identity::X509List& roots) {
-  if (roots.empty()) return "no certificates in the bundle";
-  for (const auto& root : roots) {
-    X509* c = root.get();
-    if (X509_check_ca(c) < 1) {
-      return "certificate " + identity::subject_string(c) + " is not a CA";
-    }
-    if (X509_cmp_current_time(X509_get0_notAfter(c)) <= 0) {
-      return "certificate " + identity::subject_string(c) + " has expired";
-    }
-  }
-  return std::nullopt;
+  return identity::check_trust_bundle(roots, std::chrono::system_clock::now());
 }
 
 MeshTls::MeshTls(std::string trust_domain, const identity::X509List& roots)
