@@ -30,18 +30,18 @@ void fail_check(SSL* ssl, const std::string& why) {
 
 // Chain verification is OpenSSL's; on top, the leaf must carry a SPIFFE ID in our trust domain.
 int verify_peer(int preverify_ok, X509_STORE_CTX* store) {
-  auto* ssl =
-      static_cast<SSL*>(X509_STORE_CTX_get_ex_data(store, SSL_get_ex_data_X509_STORE_CTX_idx()));
+  auto* ssl = static_cast<SSL*>(
+      X509_STORE_CTX_get_ex_data(store, SSL_get_ex_data_X509_STORE_CTX_idx()));
   if (ssl == nullptr) return 0;
   if (preverify_ok == 0) {
     int err = X509_STORE_CTX_get_error(store);
-    fail_check(ssl,
-               std::string("peer certificate rejected: ") + X509_verify_cert_error_string(err));
+    fail_check(ssl, std::string("peer certificate rejected: ") +
+                        X509_verify_cert_error_string(err));
     return 0;
   }
   if (X509_STORE_CTX_get_error_depth(store) != 0) return 1;
-  auto* td =
-      static_cast<std::string*>(SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), trust_domain_index()));
+  auto* td = static_cast<std::string*>(
+      SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), trust_domain_index()));
   if (td == nullptr) return 0;  // every MeshTls context carries its trust domain
   auto id = identity::check_trust_domain(X509_STORE_CTX_get_current_cert(store), *td);
   if (!id) {
@@ -66,8 +66,6 @@ int select_h2(SSL* ssl, const unsigned char** out, unsigned char* outlen, const 
 
 }  // namespace
 
-// One accepted bundle as OpenSSL wants it for X509_STORE_CTX_set0_trusted_stack. The stack holds
-// its own references; the set lives as long as a handshake that verifies against it.
 // One accepted bundle, with the stack X509_STORE_CTX_set0_trusted_stack wants (shared
 // references). A handshake holds the set for as long as it verifies against it.
 struct MeshTls::RootSet {
@@ -136,16 +134,19 @@ int MeshTls::verify_chain(X509_STORE_CTX* store, void* self) {
 
 std::optional<std::string> MeshTls::refresh_roots() {
   identity::TrustRootsPtr offered = source_();
+  std::optional<std::string> why;
+  uint64_t generation = 0;
   {
+    // Held throughout: two handshakes seeing two successive bundles must not install the older
+    // one last. Checking and building the stack is cheap, and happens once per bundle.
     std::lock_guard lock(mu_);
     if (offered == last_offered_) return std::nullopt;
     last_offered_ = offered;
-  }
-  std::optional<std::string> why;
-  if (!offered) {
-    why = "the certificate source has no trust roots";
-  } else {
-    why = check_bundle(*offered);
+    why = offered ? check_bundle(*offered) : "the certificate source has no trust roots";
+    if (!why) {
+      roots_ = std::make_shared<const RootSet>(offered);
+      generation = ++generation_;
+    }
   }
   if (why) {
     SM_WARN(kScope) << "refusing new trust roots, still verifying peers against the previous "
@@ -153,17 +154,10 @@ std::optional<std::string> MeshTls::refresh_roots() {
                     << *why;
     return why;
   }
-  auto set = std::make_shared<const RootSet>(offered);
   std::string subjects;
   for (const auto& c : *offered) {
     subjects += (subjects.empty() ? "" : ", ") + identity::subject_string(c.get()) +
                 " sha256=" + identity::fingerprint_sha256(c.get()).substr(0, 16);
-  }
-  uint64_t generation = 0;
-  {
-    std::lock_guard lock(mu_);
-    roots_ = std::move(set);
-    generation = ++generation_;
   }
   SM_INFO(kScope) << "trust roots replaced (generation " << generation << ", " << offered->size()
                   << " certificates: " << subjects
