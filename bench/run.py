@@ -276,7 +276,8 @@ class Bench:
         state = os.path.join(self.tmp, "sockmesh-state-" + tag)
         nodes = {}
         for name, admin, extra in (
-                ("node-a", admin_a, ["--socks5", "%s:15080" % admin_a]),
+                ("node-a", admin_a, ["--socks5", "%s:15080" % admin_a,
+                                     "--socks5-clients", "%s=c1" % self.ip["client"]]),
                 ("node-b", admin_b, [])):
             args = [proxy_bin, "--node", name, "--config", cfg, "--state-dir", state,
                     "--admin", "%s:15000" % admin, "--metrics", "%s:15020" % admin,

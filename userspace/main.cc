@@ -208,12 +208,15 @@ int main(int argc, char** argv) {
     SM_INFO("main") << "identities: built-in CA, root kept in " << cfg.state_dir;
   }
   identity::CertificateCache certificates(issuer);
-  certificates.start_background_renewal(std::chrono::seconds(10));
+  // Renewal also re-reads a mounted root-cert.pem; each handshake then verifies against the
+  // bundle the cache holds at that moment (MeshTls asks it), so a rotated root needs no restart.
+  certificates.start_background_renewal(cfg.certificate_check);
   auto roots = certificates.roots();
   if (!roots || roots->empty()) return fail("no trust roots available");
   std::shared_ptr<tls::MeshTls> tls;
   try {
-    tls = std::make_shared<tls::MeshTls>(cfg.trust_domain, *roots);
+    tls = std::make_shared<tls::MeshTls>(cfg.trust_domain,
+                                         [&certificates] { return certificates.roots(); });
   } catch (const std::exception& e) {
     return fail(e.what());
   }

@@ -36,6 +36,7 @@ A_ADMIN=127.0.0.1 B_ADMIN=127.0.0.2
 "$proxy" --print-default-config >"$work/mesh.yaml"
 step "start node-a and node-b with the embedded default config (copied to $work/mesh.yaml)"
 "$proxy" --node node-a --config "$work/mesh.yaml" --state-dir "$work/ca" --socks5 127.0.0.1:15080 \
+  --socks5-clients 127.0.10.1=Kubernetes//v1/Pod/default/client \
   --admin $A_ADMIN:15000 --metrics $A_ADMIN:15020 --readiness $A_ADMIN:15021 >"$work/node-a.log" 2>&1 &
 pids+=($!)
 "$proxy" --node node-b --config "$work/mesh.yaml" --state-dir "$work/ca" \

@@ -337,8 +337,10 @@ class TwoNodeMesh:
         self.config_a = self.tmp.file("a.yaml", self.config(self.server_sa_seen_by_a))
         self.config_b = self.tmp.file("b.yaml", self.config(self.server_sa))
         self.socks = (b + ".1", 15080)
+        # SOCKS5 speaks for the client workload only, and only from the client's address.
         self.a = ProxyNode("node-a", self.config_a, self.state_dir, b + ".1", self.tmp.path,
-                           socks5="%s:15080" % (b + ".1"), extra=extra_a)
+                           socks5="%s:15080" % (b + ".1"),
+                           extra=["--socks5-clients", "%s=c1" % self.client_ip] + list(extra_a))
         self.b = ProxyNode("node-b", self.config_b, self.state_dir, b + ".2", self.tmp.path,
                            extra=extra_b)
 

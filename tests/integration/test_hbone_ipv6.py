@@ -63,7 +63,8 @@ class HboneIpv6(unittest.TestCase):
         state = os.path.join(cls.tmp.path, "state")
         # Bracketed admin addresses: ProxyNode writes "<admin_ip>:port" and URLs from them.
         cls.a = ProxyNode("node-a", cls.config, state, "[%s]" % NODE_A, cls.tmp.path,
-                          socks5="[%s]:15080" % NODE_A)
+                          socks5="[%s]:15080" % NODE_A,
+                          extra=["--socks5-clients", "%s=c1,%s=o1" % (CLIENT, OTHER)])
         cls.b = ProxyNode("node-b", cls.config, state, "[%s]" % NODE_B, cls.tmp.path)
         try:
             cls.a.start()

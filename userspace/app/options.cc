@@ -125,6 +125,27 @@ const std::map<std::string, std::pair<Setter, const char*>>& flags() {
       {"metrics", {endpoint(&proxy::ProxyConfig::metrics), "metrics address (default 0.0.0.0:15020)"}},
       {"readiness", {endpoint(&proxy::ProxyConfig::readiness), "readiness address (default 0.0.0.0:15021)"}},
       {"socks5", {endpoint(&proxy::ProxyConfig::socks5), "SOCKS5 address, e.g. 127.0.0.1:15080 (default off)"}},
+      {"socks5-clients",
+       {[](const std::string& v, Options* o) -> std::optional<std::string> {
+          o->proxy.socks5_clients.clear();
+          size_t start = 0;
+          while (start <= v.size() && !v.empty()) {
+            size_t comma = v.find(',', start);
+            std::string item =
+                v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+            auto eq = item.find('=');
+            auto ip = eq == std::string::npos ? std::nullopt : IpAddress::parse(item.substr(0, eq));
+            if (!ip || eq + 1 >= item.size()) {
+              return "expected SOURCE_IP=WORKLOAD_UID[,...], got '" + item + "'";
+            }
+            o->proxy.socks5_clients.push_back({*ip, item.substr(eq + 1)});
+            if (comma == std::string::npos) break;
+            start = comma + 1;
+          }
+          return std::nullopt;
+        },
+        "SOCKS5 clients as SOURCE_IP=WORKLOAD_UID[,...]: a client from SOURCE_IP acts as that "
+        "local workload; every other source is refused (default: none)"}},
       {"outbound", {endpoint(&proxy::ProxyConfig::outbound), "transparent outbound listener, e.g. 0.0.0.0:15001"}},
       {"inbound-plaintext", {endpoint(&proxy::ProxyConfig::inbound_plaintext), "transparent inbound plaintext listener, e.g. 0.0.0.0:15006"}},
       {"hbone-listen", {endpoint(&proxy::ProxyConfig::hbone_listen), "one HBONE listener here instead of <workload ip>:15008 each"}},
@@ -158,6 +179,15 @@ const std::map<std::string, std::pair<Setter, const char*>>& flags() {
       {"hbone-max-connections-per-source", {count(&proxy::ProxyConfig::hbone_max_connections_per_source), "inbound HBONE connections from one source IP (default 2048; 0 = no cap)"}},
       {"connect-timeout-ms", {millis(&proxy::ProxyConfig::connect_timeout), "TCP connect deadline (default 5000)"}},
       {"handshake-timeout-ms", {millis(&proxy::ProxyConfig::handshake_timeout), "TLS and SOCKS5 handshake deadline (default 10000)"}},
+      {"certificate-check-ms",
+       {[](const std::string& v, Options* o) -> std::optional<std::string> {
+          long long n = 0;  // 0 would spin the renewal thread
+          if (auto e = parse_int(v, 100, 86400000, &n)) return e;
+          o->proxy.certificate_check = std::chrono::milliseconds(n);
+          return std::nullopt;
+        },
+        "how often certificates are renewed and mounted files (root-cert.pem included) re-read "
+        "(default 10000)"}},
       {"config-poll-ms", {millis(&proxy::ProxyConfig::config_poll), "how often the config file is checked (default 1000)"}},
       {"log-level", {[](const std::string& v, Options* o) -> std::optional<std::string> {
                        o->log_level = v;

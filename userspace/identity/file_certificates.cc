@@ -1,6 +1,7 @@
 #include "identity/file_certificates.h"
 
 #include "base/log.h"
+#include "identity/verify.h"
 
 namespace sockmesh::identity {
 namespace {
@@ -13,6 +14,9 @@ Result<TrustRootsPtr> read_roots(const std::filesystem::path& path) {
   if (!text->has_value()) return Error{path.string() + ": no such file"};
   auto certs = certificates_from_pem(**text);
   if (!certs) return Error{path.string() + ": " + certs.error().message};
+  if (auto why = check_trust_bundle(*certs, std::chrono::system_clock::now())) {
+    return Error{path.string() + ": " + *why};
+  }
   return TrustRootsPtr(std::make_shared<X509List>(*std::move(certs)));
 }
 

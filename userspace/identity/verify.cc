@@ -152,4 +152,17 @@ Result<SpiffeId, VerifyFailure> verify_peer(X509* leaf, STACK_OF(X509) * chain,
   return check_trust_domain(leaf, trust_domain);
 }
 
+std::optional<std::string> check_trust_bundle(const X509List& roots, TimePoint now) {
+  if (roots.empty()) return "no certificates in the bundle";
+  time_t t = std::chrono::system_clock::to_time_t(now);
+  for (const auto& root : roots) {
+    X509* c = root.get();
+    if (X509_check_ca(c) < 1) return "certificate " + subject_string(c) + " is not a CA";
+    if (X509_cmp_time(X509_get0_notAfter(c), &t) <= 0) {
+      return "certificate " + subject_string(c) + " has expired";
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace sockmesh::identity

@@ -2,6 +2,7 @@
 // Peer certificate checks for the TLS layer. OpenSSL's built-in verification knows nothing
 // about SPIFFE IDs and reports failures as numeric codes; these helpers add the identity check
 // and turn each failure into a reason an operator can act on.
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -42,6 +43,10 @@ enum class PeerRole { kAny, kServer, kClient };
 // `roots` and that every certificate on the path is valid at `now`. Does not look at SANs.
 VerifyStatus verify_chain(X509* leaf, STACK_OF(X509) * chain, const X509List& roots, TimePoint now,
                           PeerRole role = PeerRole::kAny);
+
+// Why `roots` cannot serve as a trust bundle (empty, a certificate that is not a CA, one that
+// has expired by `now`), or nullopt when it can. A rotated bundle that fails this is refused.
+std::optional<std::string> check_trust_bundle(const X509List& roots, TimePoint now);
 
 // Extracts the peer's workload SPIFFE ID and checks it lies in `trust_domain`. Does not verify
 // the chain; only meaningful after verify_chain succeeded.

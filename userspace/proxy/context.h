@@ -52,6 +52,10 @@ struct ProxyContext {
   // The default lookup: a workload in the snapshot whose node is this proxy's node.
   const state::Workload* find_local(const state::Snapshot& snap, const IpAddress& ip) const;
   bool is_proxy_port(uint16_t port) const;
+  // True when `dst` reaches one of this proxy's own configured listeners (admin, metrics,
+  // readiness, SOCKS5, outbound, inbound plaintext, a single HBONE listener), whatever their
+  // ports: the same address, or any address of this host for a wildcard listener.
+  bool is_own_listener(const Endpoint& dst) const;
   // For a socket towards an app, right after accept or connect: the relay's read-paused handler
   // (BypassPinning::read_paused_handler), or nullptr.
   std::function<void()> bypass_read_paused(int fd) const {

@@ -97,7 +97,7 @@ void handle_request(ProxyContext& ctx, Worker& worker, std::shared_ptr<InboundSe
          ResponseFlags::kConnectionFailure);
     return;
   }
-  if (ctx.is_proxy_port(target->port)) {
+  if (ctx.is_proxy_port(target->port) || ctx.is_own_listener(*target)) {
     fail(kLoopDetected, "target port " + std::to_string(target->port) + " is the proxy's own",
          ResponseFlags::kConnectionFailure);
     return;

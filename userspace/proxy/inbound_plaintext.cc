@@ -37,7 +37,7 @@ void InboundPlaintext::handle(Worker& worker, Tcp::socket socket) {
     net::close_with_reset(socket);
     return;
   }
-  if (ctx.is_proxy_port(dst->port)) {
+  if (ctx.is_proxy_port(dst->port) || ctx.is_own_listener(*dst)) {
     record->finish("destination is the proxy's own port", ResponseFlags::kConnectionFailure);
     net::close_with_reset(socket);
     return;

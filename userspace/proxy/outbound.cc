@@ -78,11 +78,37 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
     fail({false, route.error, ResponseFlags::kConnectionFailure, false, true});
     return;
   }
+  // The proxy's admin, metrics, readiness and entry listeners are not destinations: reaching
+  // them through the proxy would lend them the proxy's own source address (and its loopback).
+  const Endpoint* aimed_at[] = {&original_destination, &route.target};
+  for (const Endpoint* at : aimed_at) {
+    if (ctx.is_own_listener(*at)) {
+      ctx.metrics
+          ->counter("sockmesh_outbound_loop_refused_total",
+                    "Outbound connections refused because they were aimed at one of the "
+                    "proxy's own listeners")
+          .inc();
+      fail({false, "destination " + at->to_string() + " is one of the proxy's own listeners",
+            ResponseFlags::kConnectionFailure});
+      return;
+    }
+  }
   access.dst_addr = route.target.to_string();
   // Decided now, while the client socket is fresh: sockops paired it with the app at accept.
   auto read_paused = ctx.bypass_read_paused(client_ptr->native_handle());
 
   bool hbone = route.workload != nullptr && route.workload->protocol == state::Protocol::kHbone;
+  if (!hbone && (route.target.ip.is_loopback() || route.target.ip.is_unspecified())) {
+    // Loopback is the proxy's own host (or the pod's, in-pod): its admin port, node services.
+    ctx.metrics
+        ->counter("sockmesh_outbound_loopback_refused_total",
+                  "Plain-TCP passthrough refused because the destination was a loopback "
+                  "or unspecified address")
+        .inc();
+    fail({false, "passthrough to " + route.target.to_string() + " refused: loopback destination",
+          ResponseFlags::kConnectionFailure});
+    return;
+  }
   if (!hbone) {
     // Passthrough: outside the mesh, or a workload that does not speak HBONE.
     if (route.workload != nullptr) view.destination_principal = route.workload->identity();
@@ -121,17 +147,18 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
   record->identify(observe::Reporter::kSource, view);
   access.dst_hbone_addr = Endpoint{route.target.ip, ctx.config.hbone_port}.to_string();
 
-  PoolKey key{view.source->identity(), client_addr.ip, dst.identity(),
-              Endpoint{route.target.ip, ctx.config.hbone_port}};
-  std::vector<std::string> expected{dst.identity()};
+  std::vector<std::string> acceptable{dst.identity()};
   if (route.service != nullptr) {
-    for (const auto& san : route.service->subject_alt_names) expected.push_back(san);
+    for (const auto& san : route.service->subject_alt_names) acceptable.push_back(san);
   }
+  PoolKey key = PoolKey::make(view.source->identity(), client_addr.ip, dst.identity(),
+                              Endpoint{route.target.ip, ctx.config.hbone_port},
+                              std::move(acceptable));
   std::string authority = route.target.to_string();
   h2::HeaderList headers{{"forwarded", "for=\"" + client_addr.to_string() + "\""},
                          {"baggage", baggage_of(*view.source)}};
   worker.pool().acquire(
-      key, std::move(expected),
+      key,
       [record, client_ptr, ready, authority, headers, read_paused](
           std::shared_ptr<h2::H2Connection> conn, const HbonePool::Failure* failure) {
         if (failure != nullptr) {

@@ -1,6 +1,7 @@
 #include "proxy/pool.h"
 
 #include <boost/asio/connect.hpp>
+#include <algorithm>
 
 #include "base/log.h"
 #include "net/sockets.h"
@@ -8,9 +9,27 @@
 
 namespace sockmesh::proxy {
 
+PoolKey PoolKey::make(std::string source_identity, IpAddress source_ip,
+                      std::string destination_identity, Endpoint destination,
+                      std::vector<std::string> acceptable) {
+  std::sort(acceptable.begin(), acceptable.end());
+  acceptable.erase(std::unique(acceptable.begin(), acceptable.end()), acceptable.end());
+  return PoolKey{std::move(source_identity), source_ip, std::move(destination_identity),
+                 destination, std::move(acceptable)};
+}
+
 std::string PoolKey::to_string() const {
-  return source_identity + "@" + source_ip.to_string() + " -> " + destination_identity + "@" +
-         destination.to_string();
+  std::string s = source_identity + "@" + source_ip.to_string() + " -> " + destination_identity +
+                  "@" + destination.to_string();
+  // The workload's own identity alone is the common case; say more only when it is not.
+  if (acceptable_identities.size() != 1 || acceptable_identities[0] != destination_identity) {
+    s += " accepting [";
+    for (size_t i = 0; i < acceptable_identities.size(); ++i) {
+      s += (i == 0 ? "" : " ") + acceptable_identities[i];
+    }
+    s += "]";
+  }
+  return s;
 }
 
 size_t PoolKeyHash::operator()(const PoolKey& k) const {
@@ -18,6 +37,7 @@ size_t PoolKeyHash::operator()(const PoolKey& k) const {
   h = h * 31 + std::hash<std::string>()(k.destination_identity);
   h = h * 31 + std::hash<IpAddress>()(k.source_ip);
   h = h * 31 + std::hash<IpAddress>()(k.destination.ip) + k.destination.port;
+  for (const auto& id : k.acceptable_identities) h = h * 31 + std::hash<std::string>()(id);
   return h;
 }
 
@@ -28,7 +48,11 @@ HbonePool::HbonePool(ProxyContext& ctx, Worker& worker)
       pooled_gauge_(&ctx.metrics->gauge("sockmesh_pool_connections",
                                         "HBONE connections held in the outbound pools")),
       opened_counter_(&ctx.metrics->counter("sockmesh_pool_connections_opened_total",
-                                            "HBONE connections opened by the outbound pools")) {
+                                            "HBONE connections opened by the outbound pools")),
+      identity_mismatch_counter_(&ctx.metrics->counter(
+          "sockmesh_pool_identity_mismatch_total",
+          "HBONE connections refused because the server presented an identity this "
+          "destination does not accept")) {
   arm_idle_sweep();
 }
 
@@ -52,7 +76,7 @@ std::shared_ptr<h2::H2Connection> HbonePool::find_usable(const PoolKey& key) {
   return nullptr;
 }
 
-void HbonePool::acquire(const PoolKey& key, std::vector<std::string> expected, Callback cb) {
+void HbonePool::acquire(const PoolKey& key, Callback cb) {
   if (shut_down_) {
     Failure f{"proxy is draining", observe::ResponseFlags::kConnectionFailure};
     cb(nullptr, &f);
@@ -63,13 +87,12 @@ void HbonePool::acquire(const PoolKey& key, std::vector<std::string> expected, C
     return;
   }
   auto& waiters = waiters_[key];
-  waiters.push_back(Waiter{std::move(cb), expected});
-  if (waiters.size() == 1) connect(key, std::move(expected));
+  waiters.push_back(std::move(cb));
+  if (waiters.size() == 1) connect(key);
 }
 
 struct HbonePool::Connecting {
   PoolKey key;
-  std::vector<std::string> expected;
   std::unique_ptr<h2::TlsStream> tls;
   tls::PeerCheck check;
   identity::CertifiedKeyPtr cert;
@@ -78,7 +101,7 @@ struct HbonePool::Connecting {
   Connecting(boost::asio::io_context& io) : deadline(io) {}
 };
 
-void HbonePool::connect(const PoolKey& key, std::vector<std::string> expected) {
+void HbonePool::connect(const PoolKey& key) {
   auto cert = ctx_.certificate_for(key.source_identity);
   if (!cert) {
     failed(key, Failure{"no certificate for " + key.source_identity + ": " + cert.error().message,
@@ -87,7 +110,6 @@ void HbonePool::connect(const PoolKey& key, std::vector<std::string> expected) {
   }
   auto c = std::make_shared<Connecting>(worker_.io());
   c->key = key;
-  c->expected = std::move(expected);
   c->cert = *cert;
   c->tls = std::make_unique<h2::TlsStream>(worker_.io(), ctx_.tls->client());
   auto& socket = c->tls->next_layer();
@@ -145,11 +167,11 @@ void HbonePool::connect(const PoolKey& key, std::vector<std::string> expected) {
               }
               auto peer = tls::MeshTls::peer_identity(ssl);
               std::string got = peer ? peer->to_string() : "(none)";
-              bool expected = false;
-              for (const auto& e : c->expected) expected = expected || e == got;
-              if (!expected) {
+              const auto& acceptable = c->key.acceptable_identities;
+              if (!std::binary_search(acceptable.begin(), acceptable.end(), got)) {
                 std::string want;
-                for (const auto& e : c->expected) want += (want.empty() ? "" : " or ") + e;
+                for (const auto& e : acceptable) want += (want.empty() ? "" : " or ") + e;
+                identity_mismatch_counter_->inc();
                 failed(c->key, Failure{"server " + c->key.destination.to_string() +
                                            " presented identity " + got + ", expected " + want,
                                        observe::ResponseFlags::kTlsFailure});
@@ -185,11 +207,11 @@ void HbonePool::connected(const PoolKey& key, std::shared_ptr<h2::H2Connection> 
   auto waiters = std::move(waiters_[key]);
   waiters_.erase(key);
   // Hand out streams; waiters beyond this connection's limit go round again and open another.
-  for (auto& w : waiters) {
+  for (auto& cb : waiters) {
     if (auto c = find_usable(key)) {
-      w.cb(c, nullptr);
+      cb(c, nullptr);
     } else {
-      acquire(key, std::move(w.expected), std::move(w.cb));
+      acquire(key, std::move(cb));
     }
   }
 }
@@ -200,7 +222,7 @@ void HbonePool::failed(const PoolKey& key, const Failure& failure) {
   if (it == waiters_.end()) return;
   auto waiters = std::move(it->second);
   waiters_.erase(it);
-  for (auto& w : waiters) w.cb(nullptr, &failure);
+  for (auto& cb : waiters) cb(nullptr, &failure);
 }
 
 void HbonePool::shutdown_all() {

@@ -1,7 +1,10 @@
 #pragma once
 // HBONE connections from this worker to peers, reused for many CONNECT streams. A connection is
 // shared only by tunnels with the same key: the same source workload (identity and IP, which is
-// what the peer sees), to the same destination identity at the same address. Up to
+// what the peer sees), to the same destination identity at the same address, verified against
+// the same set of acceptable server identities (the workload's plus a service's SANs: two
+// services in front of one workload may accept different identities, and a connection verified
+// for one proves nothing for the other; ztunnel keys its pool the same way). Up to
 // max_streams_per_connection streams share one connection; a full one makes the pool open another.
 #include <boost/asio/steady_timer.hpp>
 #include <functional>
@@ -24,6 +27,13 @@ struct PoolKey {
   IpAddress source_ip;
   std::string destination_identity;
   Endpoint destination;  // the peer's HBONE address, <workload ip>:15008
+  // Server identities this connection may present, sorted and without duplicates (make()).
+  std::vector<std::string> acceptable_identities;
+
+  // The key for a tunnel accepting `acceptable` (in any order, duplicates allowed).
+  static PoolKey make(std::string source_identity, IpAddress source_ip,
+                      std::string destination_identity, Endpoint destination,
+                      std::vector<std::string> acceptable);
 
   bool operator==(const PoolKey&) const = default;
   std::string to_string() const;
@@ -40,15 +50,15 @@ class HbonePool {
     observe::ResponseFlags flag = observe::ResponseFlags::kConnectionFailure;
   };
   // Exactly one of conn / failure is set. The callback runs on the worker's thread.
-  using Callback = std::function<void(std::shared_ptr<h2::H2Connection> conn,
-                                      const Failure* failure)>;
+  using Callback =
+      std::function<void(std::shared_ptr<h2::H2Connection> conn, const Failure* failure)>;
 
   HbonePool(ProxyContext& ctx, Worker& worker);
   ~HbonePool();
 
-  // Finds a connection with room for one more stream, or opens one. `expected_identities` are the
-  // server identities acceptable for this key (the destination workload's, or a service's SANs).
-  void acquire(const PoolKey& key, std::vector<std::string> expected_identities, Callback cb);
+  // Finds a connection with room for one more stream, or opens one whose server must present one
+  // of key.acceptable_identities.
+  void acquire(const PoolKey& key, Callback cb);
   // GOAWAY on every connection (drain).
   void shutdown_all();
   size_t connections() const;
@@ -56,7 +66,7 @@ class HbonePool {
  private:
   struct Connecting;
   std::shared_ptr<h2::H2Connection> find_usable(const PoolKey& key);
-  void connect(const PoolKey& key, std::vector<std::string> expected);
+  void connect(const PoolKey& key);
   void connected(const PoolKey& key, std::shared_ptr<h2::H2Connection> conn);
   void failed(const PoolKey& key, const Failure& failure);
   void arm_idle_sweep();
@@ -65,14 +75,11 @@ class HbonePool {
   ProxyContext& ctx_;
   Worker& worker_;
   std::unordered_map<PoolKey, std::vector<std::shared_ptr<h2::H2Connection>>, PoolKeyHash> conns_;
-  struct Waiter {
-    Callback cb;
-    std::vector<std::string> expected;
-  };
-  std::unordered_map<PoolKey, std::vector<Waiter>, PoolKeyHash> waiters_;
+  std::unordered_map<PoolKey, std::vector<Callback>, PoolKeyHash> waiters_;
   boost::asio::steady_timer idle_timer_;
   observe::Gauge* pooled_gauge_;
   observe::Counter* opened_counter_;
+  observe::Counter* identity_mismatch_counter_;
   bool shut_down_ = false;
 };
 

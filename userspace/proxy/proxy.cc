@@ -1,5 +1,6 @@
 #include "proxy/proxy.h"
 
+#include <ifaddrs.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -26,6 +27,38 @@ const state::Workload* ProxyContext::find_local(const state::Snapshot& snap,
   const state::Workload* w = snap.workload_by_ip(ip);
   if (w == nullptr || w->node != config.node_name) return nullptr;
   return w;
+}
+
+namespace {
+
+// Whether `ip` is an address of this network namespace (loopback included).
+bool is_local_address(const IpAddress& ip) {
+  if (ip.is_loopback() || ip.is_unspecified()) return true;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return true;  // cannot tell: treat as ours, refusing is the safe side
+  bool found = false;
+  for (ifaddrs* a = list; a != nullptr && !found; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr) continue;
+    auto addr = IpAddress::from_sockaddr(a->ifa_addr);
+    found = addr && *addr == ip;
+  }
+  freeifaddrs(list);
+  return found;
+}
+
+}  // namespace
+
+bool ProxyContext::is_own_listener(const Endpoint& dst) const {
+  const std::optional<Endpoint>* listeners[] = {
+      &config.admin,    &config.metrics,           &config.readiness,   &config.socks5,
+      &config.outbound, &config.inbound_plaintext, &config.hbone_listen};
+  for (const auto* l : listeners) {
+    if (!l->has_value() || (*l)->port != dst.port) continue;
+    if ((*l)->ip == dst.ip) return true;
+    // The kernel's own rule: a wildcard listener takes connections to every local address.
+    if ((*l)->ip.is_unspecified() && is_local_address(dst.ip)) return true;
+  }
+  return false;
 }
 
 bool ProxyContext::is_proxy_port(uint16_t port) const {
@@ -239,6 +272,11 @@ std::optional<std::string> Proxy::start() {
     transparent.transparent = true;
     transparent.mark = c.mark;
     std::optional<std::string> err;
+    if (!err && c.socks5 && c.socks5_clients.empty()) {
+      SM_WARN("proxy") << "SOCKS5 on " << c.socks5->to_string()
+                       << " refuses every client: --socks5-clients grants no source address a "
+                          "workload";
+    }
     if (!err && c.socks5) {
       err = open("socks5", *c.socks5, plain,
                  [this](Worker& w, Tcp::socket s) { socks5_.handle(w, std::move(s)); });

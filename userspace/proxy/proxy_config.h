@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "base/ip_address.h"
 #include "h2/connection.h"
@@ -22,6 +23,13 @@ inline constexpr uint16_t kAdminPort = 15000;
 inline constexpr uint16_t kMetricsPort = 15020;
 inline constexpr uint16_t kReadinessPort = 15021;
 
+// A SOCKS5 client source address and the workload (by uid) it speaks for. Anything on the host
+// can pick any 127.x source, so this is a grant by the operator, not a proof.
+struct Socks5Client {
+  IpAddress source;
+  std::string workload_uid;
+};
+
 struct ProxyConfig {
   std::string node_name = "node-a";
   std::string config_file;  // empty: the embedded default
@@ -30,6 +38,9 @@ struct ProxyConfig {
   std::string trust_domain = "cluster.local";
   int workers = 0;  // 0: max(2, 25% of cores)
   std::chrono::milliseconds config_poll{1000};
+  // How often certificates are checked for renewal and mounted files (certificates and
+  // root-cert.pem) for changes.
+  std::chrono::milliseconds certificate_check{10000};
 
   std::optional<Endpoint> admin = Endpoint::parse("127.0.0.1:15000");
   std::optional<Endpoint> metrics = Endpoint::parse("0.0.0.0:15020");
@@ -39,6 +50,8 @@ struct ProxyConfig {
   std::chrono::milliseconds http_request_timeout{10000};
   size_t http_max_request_bytes = 16384;
   std::optional<Endpoint> socks5;                  // off unless set
+  // Who may use the SOCKS5 entry, and as which workload; a source not listed is refused.
+  std::vector<Socks5Client> socks5_clients;
   std::optional<Endpoint> outbound;                // transparent, e.g. 0.0.0.0:15001
   std::optional<Endpoint> inbound_plaintext;       // transparent, e.g. 0.0.0.0:15006
   // HBONE: by default one listener on <ip>:15008 for each IP of each local workload; with

@@ -21,6 +21,28 @@ using Tcp = boost::asio::ip::tcp;
 using boost::asio::awaitable;
 using boost::asio::use_awaitable;
 
+// Why `client` may not use the SOCKS5 entry, or nullopt when --socks5-clients grants it a local
+// workload that (still) owns that address.
+std::optional<std::string> refusal(ProxyContext& ctx, const IpAddress& client) {
+  const Socks5Client* grant = nullptr;
+  for (const auto& c : ctx.config.socks5_clients) {
+    if (c.source == client) grant = &c;
+  }
+  if (grant == nullptr)
+    return "source " + client.to_string() + " is not listed in --socks5-clients";
+  auto snap = ctx.store->get();
+  const state::Workload* named = snap->workload_by_uid(grant->workload_uid);
+  if (named == nullptr) {
+    return "workload " + grant->workload_uid + " (granted to " + client.to_string() +
+           " by --socks5-clients) is not in the mesh state";
+  }
+  if (ctx.local_workload(*snap, client) != named) {
+    return "source " + client.to_string() + " is not an address of local workload " +
+           grant->workload_uid + " (granted by --socks5-clients)";
+  }
+  return std::nullopt;
+}
+
 const state::Service* service_by_hostname(const state::Snapshot& snap, const std::string& host) {
   for (const auto& s : snap.services()) {
     if (s.hostname == host) return &s;
@@ -60,11 +82,28 @@ void Socks5::handle(Worker& worker, Tcp::socket socket) {
         co_return co_await socks5::negotiate(
             *sock, [&ctx](const std::string& host) { return resolve_host(ctx, host); });
       },
-      [&outbound, &worker, sock, timer, client](std::exception_ptr e, socks5::Negotiated n) {
+      [&ctx, &outbound, &worker, sock, timer, client](std::exception_ptr e,
+                                                      socks5::Negotiated n) {
         timer->cancel();
         if (e || !n.ok || !sock->is_open()) {
           boost::system::error_code ignored;
           sock->close(ignored);
+          return;
+        }
+        // Checked when the request is in, so that the client gets a reply that says "not allowed".
+        if (auto why = refusal(ctx, client.ip)) {
+          SM_WARN("socks5") << "client " << client.to_string() << " refused: " << *why;
+          ctx.metrics
+              ->counter("sockmesh_socks5_refused_total",
+                        "SOCKS5 clients refused because --socks5-clients grants their source "
+                        "address no local workload")
+              .inc();
+          auto r = std::make_shared<std::array<uint8_t, 10>>(socks5::reply(socks5::kNotAllowed));
+          boost::asio::async_write(*sock, boost::asio::buffer(*r),
+                                   [r, sock](const boost::system::error_code&, size_t) {
+                                     boost::system::error_code ignored;
+                                     sock->close(ignored);
+                                   });
           return;
         }
         outbound.handle(worker, std::move(*sock), client, n.destination,

@@ -13,6 +13,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/ip_address.h"
@@ -37,6 +38,25 @@ enum Reply : uint8_t {
 };
 
 inline std::array<uint8_t, 10> reply(uint8_t code) { return {5, code, 0, 1, 0, 0, 0, 0, 0, 0}; }
+
+// Peer-supplied text for a log line: control characters, DEL, bytes outside ASCII and the
+// backslash come out as \xNN, so a hostname cannot forge log lines or terminal escapes.
+inline std::string printable(std::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  for (unsigned char c : text) {
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out += "\\x";
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 0xf]);
+    }
+  }
+  return out;
+}
+
 
 struct Negotiated {
   bool ok = false;
@@ -86,7 +106,7 @@ awaitable<Negotiated> negotiate(Stream& s, ResolveHost resolve) {
     co_await boost::asio::async_read(s, boost::asio::buffer(host), use_awaitable);
     ip = resolve(host);
     if (!ip) {
-      SM_INFO("socks5") << "unknown host " << host;
+      SM_INFO("socks5") << "unknown host \"" << printable(host) << "\"";
       uint8_t port[2];
       co_await boost::asio::async_read(s, boost::asio::buffer(port), use_awaitable);
       auto r = reply(kHostUnreachable);

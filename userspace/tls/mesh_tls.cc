@@ -6,10 +6,13 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "base/log.h"
+
 namespace sockmesh::tls {
 namespace {
 
 constexpr unsigned char kAlpnH2[] = {2, 'h', '2'};
+constexpr std::string_view kScope = "tls";
 
 int trust_domain_index() {
   static int idx = SSL_CTX_get_ex_new_index(0, nullptr, nullptr, nullptr, nullptr);
@@ -63,13 +66,38 @@ int select_h2(SSL* ssl, const unsigned char** out, unsigned char* outlen, const 
 
 }  // namespace
 
+// One accepted bundle, with the stack X509_STORE_CTX_set0_trusted_stack wants (shared
+// references). A handshake holds the set for as long as it verifies against it.
+struct MeshTls::RootSet {
+  identity::TrustRootsPtr bundle;
+  identity::X509StackPtr stack;
+  explicit RootSet(identity::TrustRootsPtr b)
+      : bundle(std::move(b)), stack(identity::to_stack(*bundle)) {
+    if (!stack) throw std::bad_alloc();
+  }
+};
+
+std::optional<std::string> MeshTls::check_bundle(const identity::X509List& roots) {
+  return identity::check_trust_bundle(roots, std::chrono::system_clock::now());
+}
+
 MeshTls::MeshTls(std::string trust_domain, const identity::X509List& roots)
+    : MeshTls(std::move(trust_domain), [fixed = std::make_shared<const identity::X509List>(
+                                            identity::share_all(roots))] { return fixed; }) {}
+
+MeshTls::MeshTls(std::string trust_domain, RootsSource roots)
     : trust_domain_(std::move(trust_domain)),
+      source_(std::move(roots)),
       server_(boost::asio::ssl::context::tls_server),
       client_(boost::asio::ssl::context::tls_client) {
-  if (roots.empty()) throw std::runtime_error("TLS: no trust roots");
-  configure_common(server_.native_handle(), roots);
-  configure_common(client_.native_handle(), roots);
+  identity::TrustRootsPtr first = source_ ? source_() : nullptr;
+  if (!first || first->empty()) throw std::runtime_error("TLS: no trust roots");
+  if (auto why = check_bundle(*first)) throw std::runtime_error("TLS: trust roots: " + *why);
+  roots_ = std::make_shared<const RootSet>(first);
+  last_offered_ = first;
+  generation_ = 1;
+  configure_common(server_.native_handle());
+  configure_common(client_.native_handle());
   SSL_CTX* s = server_.native_handle();
   SSL_CTX_set_verify(s, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, verify_peer);
   SSL_CTX_set_alpn_select_cb(s, select_h2, nullptr);
@@ -80,7 +108,9 @@ MeshTls::MeshTls(std::string trust_domain, const identity::X509List& roots)
   }
 }
 
-void MeshTls::configure_common(SSL_CTX* ctx, const identity::X509List& roots) {
+MeshTls::~MeshTls() = default;
+
+void MeshTls::configure_common(SSL_CTX* ctx) {
   SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
   SSL_CTX_set_max_proto_version(ctx, TLS1_3_VERSION);
   // AES-128-GCM first: the fastest AEAD on CPUs with AES-NI, and still 128-bit security.
@@ -91,13 +121,64 @@ void MeshTls::configure_common(SSL_CTX* ctx, const identity::X509List& roots) {
   SSL_CTX_set_options(ctx, SSL_OP_NO_TICKET);
   SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
   SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
-  X509_STORE* store = SSL_CTX_get_cert_store(ctx);
-  for (const auto& root : roots) {
-    if (X509_STORE_add_cert(store, root.get()) != 1) {
-      throw std::runtime_error("TLS: cannot add a trust root");
+  // The context's own store stays empty: verify_chain hands each handshake the current bundle.
+  SSL_CTX_set_cert_verify_callback(ctx, verify_chain, this);
+  SSL_CTX_set_ex_data(ctx, trust_domain_index(), &trust_domain_);
+}
+
+int MeshTls::verify_chain(X509_STORE_CTX* store, void* self) {
+  std::shared_ptr<const RootSet> roots = static_cast<MeshTls*>(self)->current();
+  X509_STORE_CTX_set0_trusted_stack(store, roots->stack.get());
+  return X509_verify_cert(store);  // `roots` outlives the verification
+}
+
+std::optional<std::string> MeshTls::refresh_roots() {
+  identity::TrustRootsPtr offered = source_();
+  std::optional<std::string> why;
+  uint64_t generation = 0;
+  {
+    // Held throughout: two handshakes seeing two successive bundles must not install the older
+    // one last. Checking and building the stack is cheap, and happens once per bundle.
+    std::lock_guard lock(mu_);
+    if (offered == last_offered_) return std::nullopt;
+    last_offered_ = offered;
+    why = offered ? check_bundle(*offered) : "the certificate source has no trust roots";
+    if (!why) {
+      roots_ = std::make_shared<const RootSet>(offered);
+      generation = ++generation_;
     }
   }
-  SSL_CTX_set_ex_data(ctx, trust_domain_index(), &trust_domain_);
+  if (why) {
+    SM_WARN(kScope) << "refusing new trust roots, still verifying peers against the previous "
+                       "bundle: "
+                    << *why;
+    return why;
+  }
+  std::string subjects;
+  for (const auto& c : *offered) {
+    subjects += (subjects.empty() ? "" : ", ") + identity::subject_string(c.get()) +
+                " sha256=" + identity::fingerprint_sha256(c.get()).substr(0, 16);
+  }
+  SM_INFO(kScope) << "trust roots replaced (generation " << generation << ", " << offered->size()
+                  << " certificates: " << subjects
+                  << "); new handshakes verify against them, established connections continue";
+  return std::nullopt;
+}
+
+std::shared_ptr<const MeshTls::RootSet> MeshTls::current() {
+  refresh_roots();
+  std::lock_guard lock(mu_);
+  return roots_;
+}
+
+identity::TrustRootsPtr MeshTls::roots() const {
+  std::lock_guard lock(mu_);
+  return roots_->bundle;
+}
+
+uint64_t MeshTls::roots_generation() const {
+  std::lock_guard lock(mu_);
+  return generation_;
 }
 
 std::optional<std::string> MeshTls::use_certificate(SSL* ssl, const identity::CertifiedKey& cert) {
