@@ -5,6 +5,7 @@ raises PodSpecError rather than being dropped silently.
 
     hostNetwork / the pod's own netns  --network ns:<path> (the caller names each)
     hostPID                            --pid host
+    (the kubelet's pod cgroup)         --cgroup-parent, when the caller gives one
     securityContext                    --privileged, --cap-drop/--cap-add, --read-only, --user,
                                        --security-opt no-new-privileges
     command / args                     --entrypoint, args with $(VAR) expanded from the env
@@ -36,11 +37,14 @@ class PodContext:
     """What the kubelet and the API server would fill in for one pod on one node."""
 
     def __init__(self, node_name, pod_name, namespace, pod_ip, netns, work_dir,
-                 config_maps=None, token_file=None):
+                 config_maps=None, token_file=None, cgroup_parent=None):
         self.node_name, self.pod_name, self.namespace = node_name, pod_name, namespace
         self.pod_ip, self.netns, self.work_dir = pod_ip, netns, work_dir
         self.config_maps = config_maps or {}
         self.token_file = token_file
+        # The cgroup the pod's containers go below, as the kubelet's pod cgroup (e.g.
+        # /kubepods/...): relative to the cgroup root, or None for podman's default.
+        self.cgroup_parent = cgroup_parent
         self.service_account = ""
 
 
@@ -111,6 +115,8 @@ def podman_runs(daemonset, ctx, image=None, name_prefix="sm"):
         argv = list(PODMAN_BASE) + ["-d", "--name", "%s-%s" % (name_prefix, c["name"]),
                                     "--network", "ns:" + ctx.netns,
                                     "--hostname", ctx.pod_name]
+        if ctx.cgroup_parent:
+            argv += ["--cgroup-parent", ctx.cgroup_parent]
         if spec.get("hostPID"):
             argv += ["--pid", "host"]
         sc = c.get("securityContext", {})

@@ -13,154 +13,22 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
-import time
 import unittest
-
-import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(SOURCE, "scripts", "lib"))
 
 import cluster  # noqa: E402
-import podspec  # noqa: E402
-from cluster import APP_PORT, ECHO_VIP, ClusterError, run, wait_until  # noqa: E402
-
-TOOLS = os.environ.get("SOCKMESH_TOOLS", "/opt/sockmesh-tools")
-HELM = os.path.join(TOOLS, "bin", "helm")
-CHART = os.path.join(SOURCE, "manifests", "charts", "sockmesh")
-
-
-class Container:
-    """A podman container, with the cluster's Process interface."""
-
-    def __init__(self, name, argv):
-        self.name = name
-        subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True, timeout=30)
-        run(argv, timeout=60)
-
-    def alive(self):
-        r = subprocess.run(["podman", "inspect", "-f", "{{.State.Running}}", self.name],
-                           capture_output=True, text=True, timeout=30)
-        return r.stdout.strip() == "true"
-
-    def send(self, sig):
-        subprocess.run(["podman", "kill", "-s", str(int(sig)), self.name], capture_output=True,
-                       timeout=30)
-
-    def stop(self, sig=signal.SIGTERM, timeout=10.0):
-        if self.alive():
-            self.send(sig)
-            deadline = time.monotonic() + timeout
-            while self.alive() and time.monotonic() < deadline:
-                time.sleep(0.1)
-        r = subprocess.run(["podman", "inspect", "-f", "{{.State.ExitCode}}", self.name],
-                           capture_output=True, text=True, timeout=30)
-        subprocess.run(["podman", "rm", "-f", "-t", "0", self.name], capture_output=True,
-                       timeout=60)
-        return int(r.stdout.strip() or -1)
-
-    def log(self):
-        r = subprocess.run(["podman", "logs", self.name], capture_output=True, text=True,
-                           timeout=30)
-        return r.stdout + r.stderr
-
-    def exec(self, *argv):
-        return run(["podman", "exec", self.name] + list(argv), timeout=30)
-
-
-class ChartRuntime:
-    """Runs each node's containers as the rendered chart describes them."""
-
-    def __init__(self, image):
-        self.image = image
-        self.installers = {}
-        self.netns = []
-        self.rendered = {}
-
-    def render(self, n):
-        c = n.cluster
-        if n.name not in self.rendered:
-            sets = {"tag": self.image.split(":")[1], "runDir": n.run_dir, "zdsSocketDir": n.run_dir,
-                    "cniBinDir": n.bin_dir, "cniConfDir": n.conf_dir, "cniNetnsDir": "/run/netns",
-                    "bpfPinRoot": n.pin_root, "cgroupRoot": n.cgroup,
-                    "builtinCA.stateDir": c.ca_dir, "terminationGracePeriodSeconds": "8"}
-            argv = [HELM, "template", "sockmesh", CHART, "-n", "istio-system"]
-            for k, v in sets.items():
-                argv += ["--set", "%s=%s" % (k, v)]
-            docs = [d for d in yaml.safe_load_all(run(argv)) if d]
-            self.rendered[n.name] = {d["metadata"]["name"]: d for d in docs
-                                     if d["kind"] == "DaemonSet"}
-        return self.rendered[n.name]
-
-    def _run(self, n, ds_name, container, netns, pod_name):
-        ds = self.render(n)[ds_name]
-        ctx = podspec.PodContext(node_name=n.name, pod_name=pod_name, namespace="istio-system",
-                                 pod_ip=n.link_ip, netns=netns,
-                                 work_dir=os.path.join(n.dir, "kubelet", ds_name),
-                                 config_maps={"sockmesh-config": n.cluster.work})
-        prefix = "%s-%s-%s" % (n.cluster.id, n.short, ds_name)
-        runs = dict(podspec.podman_runs(ds, ctx, name_prefix=prefix))
-        return Container("%s-%s" % (prefix, container), runs[container])
-
-    def start_proxy(self, n):
-        ds = self.render(n)["sockmesh"]
-        spec = ds["spec"]["template"]["spec"]
-        assert not spec.get("hostNetwork")
-        # The cluster probes readiness as the manifest's readinessProbe says.
-        assert spec["containers"][0]["readinessProbe"]["httpGet"] == {"path": "/healthz/ready",
-                                                                     "port": 15021}
-        ns = "%s-%s-proxy" % (n.cluster.id, n.name)
-        if ns not in self.netns:
-            run(["ip", "netns", "add", ns])
-            self.netns.append(ns)
-            run(["ip", "-n", ns, "link", "set", "lo", "up"])
-        n.proxy_netns_path = "/run/netns/" + ns
-        return self._run(n, "sockmesh", "proxy", "/run/netns/" + ns, "sockmesh-" + n.short)
-
-    def start_agent(self, n):
-        ds = self.render(n)["sockmesh-node"]
-        assert ds["spec"]["template"]["spec"]["hostNetwork"]
-        return self._run(n, "sockmesh-node", "agent", n.netns_path, "sockmesh-node-" + n.short)
-
-    def wait_agent(self, n):
-        sock = os.path.join(n.run_dir, "cni.sock")
-
-        def up():
-            if not n.agent.alive():
-                raise ClusterError("%s's agent container exited:\n%s" % (n.name, n.agent.log()))
-            return "running: labels from" in n.agent.log() and os.path.exists(sock)
-        wait_until("%s's agent container" % n.name, up, 30)
-
-    def install_cni(self, n):
-        with open(os.path.join(n.conf_dir, "10-bridge.conflist")) as f:
-            n.original_conflist = f.read()
-        n.original_bin = sorted(os.listdir(n.bin_dir))
-        c = self._run(n, "sockmesh-node", "install-cni", n.netns_path, "sockmesh-node-" + n.short)
-        self.installers[n.name] = c
-
-        def installed():
-            if not c.alive():
-                raise ClusterError("install-cni exited:\n" + c.log())
-            plugins = [p["type"] for p in n.conflist()["plugins"]]
-            return plugins[-1:] == ["sockmesh-cni"] and \
-                os.path.exists(os.path.join(n.bin_dir, "sockmesh-cni"))
-        wait_until("%s's install-cni container to write the conflist" % n.name, installed, 30)
-
-    def close(self, c):
-        for inst in self.installers.values():
-            inst.stop(signal.SIGKILL, timeout=5)
-        for ns in self.netns:
-            run(["ip", "netns", "delete", ns], check=False)
+from chart_runtime import HELM, ChartRuntime, build_image  # noqa: E402
+from cluster import APP_PORT, ECHO_VIP, run, wait_until  # noqa: E402
 
 
 class ManifestRuns(unittest.TestCase):
     def test_the_charts_containers_run_the_demo_and_uninstall_cleanly(self):
-        out = run([os.path.join(SOURCE, "scripts", "image")], timeout=600)
-        sys.stdout.write(out.splitlines()[-1] + "\n")
-        image = run([os.path.join(SOURCE, "scripts", "image"), "--print-tag"]).strip()
+        image, summary = build_image()
+        sys.stdout.write(summary + "\n")
         rt = ChartRuntime(image)
         with cluster.Cluster(runtime=rt, log=lambda m: sys.stdout.write("  %s\n" % m)) as c:
             # The ConfigMap sockmesh-config (key config.yaml) is the cluster's control plane: the
