@@ -14,6 +14,7 @@
 
 #include "base/ip_address.h"
 #include "base/log.h"
+#include "base/version.h"
 #include "loader/agent/run.h"
 #include "loader/agent/zds_server.h"
 #include "loader/attach/node.h"
@@ -328,6 +329,7 @@ int run(int argc, char** argv) {
 }  // namespace sockmesh::loader
 
 int main(int argc, char** argv) {
+  if (sockmesh::print_version_if_asked(argc, argv, "sockmesh-loader")) return 0;
   try {
     return sockmesh::loader::run(argc, argv);
   } catch (const std::exception& e) {

@@ -22,6 +22,7 @@
 #include "app/options.h"
 #include "app/preflight.h"
 #include "base/log.h"
+#include "base/version.h"
 #include "config/local_config.h"
 #include "config/watcher.h"
 #include "identity/builtin_ca.h"
@@ -142,6 +143,7 @@ class IdleTrimmer {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (print_version_if_asked(argc, argv, "sockmesh-proxy")) return 0;
   app::Options opts;
   if (auto err = app::parse_options({argv + 1, argv + argc}, &opts)) {
     std::fprintf(stderr, "sockmesh-proxy: %s\n\n%s", err->c_str(), app::usage().c_str());

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "base/log.h"
+#include "base/version.h"
 #include "cni/install/installer.h"
 #include "cni/install/watch.h"
 
@@ -178,6 +179,7 @@ bool log_report(const Report& report, bool* waiting_logged) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (sockmesh::print_version_if_asked(argc, argv, "sockmesh-install-cni")) return 0;
   Flags flags;
   std::string error;
   if (!parse(argc, argv, &flags, &error)) {

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <string>
 
+#include "base/version.h"
 #include "cni/plugin/plugin.h"
 
 namespace {
@@ -38,7 +39,9 @@ void write_all(int fd, const std::string& text) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // By hand, like the other sockmesh binaries; a runtime never passes arguments.
+  if (sockmesh::print_version_if_asked(argc, argv, "sockmesh-cni")) return 0;
   auto env = sockmesh::cni::CniEnv::from_process();
   // VERSION may be run by hand from a terminal, with nothing on stdin.
   bool skip_stdin = env.command == "VERSION" && isatty(STDIN_FILENO);

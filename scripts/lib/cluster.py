@@ -371,6 +371,9 @@ class Node:
         self.pod_subnet = POD_CIDR % (index + 1)
         self.gateway = self.pod_subnet + ".1"
         self.zds_socket = os.path.join(self.run_dir, "zds.sock")
+        # Where the proxy's own ports (15000, 15020, 15021) are: the node's netns, unless a
+        # runtime gives the proxy a pod netns of its own (the chart's DaemonSet does).
+        self.proxy_netns_path = self.netns_path
         self.cni_results = {}
         self.proxy = None
         self.agent = None
@@ -390,6 +393,11 @@ class Node:
             self.proxy.stop(signal.SIGKILL)  # reaps one that was stopped or killed before
         self.proxy_runs += 1
         c = self.cluster
+        if c.runtime:
+            self.proxy = c.runtime.start_proxy(self)
+            if wait:
+                self.wait_proxy_ready()
+            return self.proxy
         argv = [c.binary("sockmesh-proxy"), "--node", self.name, "--config", c.config_path,
                 "--config-poll-ms", "200", "--state-dir", c.ca_dir,
                 "--zds-socket", self.zds_socket, "--bpf-pin-root", self.pin_root,
@@ -416,6 +424,11 @@ class Node:
             self.agent.stop(signal.SIGKILL)
         self.agent_runs += 1
         c = self.cluster
+        if c.runtime:
+            self.agent = c.runtime.start_agent(self)
+            if wait:
+                c.runtime.wait_agent(self)
+            return self.agent
         argv = [c.binary("sockmesh-loader"), "--pin-root", self.pin_root, "--log-level", "info",
                 "run", "--run-dir", self.run_dir, "--labels-from", "config",
                 "--config", c.config_path, "--node", self.name,
@@ -446,7 +459,10 @@ class Node:
         argv = ["curl", "-s", "--max-time", "5", "-X", method, "http://%s%s" % (address, path)]
         if check:
             argv.insert(1, "-f")
-        return self.sh(argv, check=check, timeout=10)
+        netns = self.netns_path
+        if address.rsplit(":", 1)[-1] in ("15000", "15020", "15021"):
+            netns = self.proxy_netns_path
+        return run(["nsenter", "--net=" + netns] + argv, check=check, timeout=10)
 
     def metrics(self):
         return self.http("127.0.0.1:15020", "/metrics")
@@ -519,7 +535,10 @@ class Cluster:
         return binary(name, self.build)
 
     def __init__(self, nodes=("node-a", "node-b"), bypass=True, keep=False, drain_timeout_ms=3000,
-                 log=None, work=None, build=None):
+                 log=None, work=None, build=None, runtime=None):
+        # runtime: something that runs each node's agent, proxy and CNI installer in place of the
+        # binaries (tests/deploy/test_manifest_runs.py: the chart's containers under podman).
+        self.runtime = runtime
         _counter[0] += 1
         self.build = build  # the build directory whose binaries it runs (None: build_dir())
         self.id = "%s-%d-%d" % (PREFIX, os.getpid(), _counter[0])
@@ -602,6 +621,9 @@ class Cluster:
         with open(os.path.join(n.conf_dir, "10-bridge.conflist"), "w") as f:
             json.dump(base, f, indent=2)
         # sockmesh-install-cni appends sockmesh-cni and copies the plugin, as its DaemonSet does.
+        if self.runtime:
+            self.runtime.install_cni(n)
+            return
         run([self.binary("sockmesh-install-cni"), "--once", "--cni-bin-dir", n.bin_dir,
              "--cni-conf-dir", n.conf_dir, "--plugin", self.binary("sockmesh-cni"),
              "--service-account-dir", os.path.join(n.dir, "no-service-account"),
@@ -745,6 +767,11 @@ class Cluster:
             for proc in (n.agent, n.proxy):
                 if proc:
                     proc.stop(signal.SIGKILL, timeout=5)
+        if self.runtime:
+            try:
+                self.runtime.close(self)
+            except Exception as e:  # noqa: BLE001 - the rest of the cleanup must still run
+                errors.append("runtime: %s" % e)
         for n in self._made["installs"]:
             if os.path.isdir(n.pin_root):
                 out = run([self.binary("sockmesh-loader"), "--pin-root", n.pin_root, "uninstall",

@@ -93,12 +93,30 @@ def tshark(pcap, *args):
                           timeout=60).stdout
 
 
-def demo(keep):
+def demo(keep, containers=False):
     step("1/8 the cluster: two nodes, each with its node agent and proxy")
-    c = C.Cluster(keep=keep, log=say)
+    runtime = None
+    if containers:
+        # The chart's containers instead of the binaries: scripts/image builds the image, the
+        # chart is rendered per node and its pod templates run under podman (chart_runtime).
+        import chart_runtime
+        image, summary = chart_runtime.build_image()
+        say(summary)
+        runtime = chart_runtime.ChartRuntime(image)
+    c = C.Cluster(keep=keep, log=say, runtime=runtime)
     try:
+        if runtime:
+            # The ConfigMap sockmesh-config (key config.yaml) is the cluster's config file.
+            c.config_path = os.path.join(c.work, "config.yaml")
         c.up()
         a, b = c.node("node-a"), c.node("node-b")
+        if runtime:
+            ps = C.run(["podman", "ps", "--filter", "name=" + c.id, "--format",
+                        "{{.Names}}\t{{.Image}}\t{{.Command}}"])
+            for ln in sorted(ps.splitlines()):
+                name, image_ref, command = (ln.split("\t") + ["", ""])[:3]
+                say("container %-40s %s  %s" % (name.replace(c.id + "-", ""), image_ref,
+                                                command[:60]))
         for n in c.nodes:
             say("%s: netns %s, cgroup %s, pin root %s" % (n.name, n.netns, n.cgroup, n.pin_root))
         say("CNI config of node-a after sockmesh-install-cni: plugins %s" % " -> ".join(
@@ -248,7 +266,13 @@ def main(argv):
     p = argparse.ArgumentParser(description="sockmesh demo on a simulated two-node cluster")
     p.add_argument("--keep", action="store_true", help="leave the cluster up")
     p.add_argument("--down", action="store_true", help="remove clusters left by --keep")
+    p.add_argument("--containers", action="store_true",
+                   help="run the image built by scripts/image as the chart's DaemonSets describe")
     args = p.parse_args(argv)
+    if args.containers and args.keep:
+        print("--containers and --keep do not go together (--down does not remove containers)",
+              file=sys.stderr)
+        return 2
     if os.geteuid() != 0:
         print("scripts/demo needs root: it builds network namespaces, loads BPF programs and "
               "makes cgroups (run it with sudo)", file=sys.stderr)
@@ -260,7 +284,7 @@ def main(argv):
     # Ctrl-C and SIGTERM both unwind through the cleanup.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        demo(args.keep)
+        demo(args.keep, args.containers)
     except KeyboardInterrupt:
         print("\ninterrupted; the cluster was removed", file=sys.stderr)
         return 130

@@ -1,0 +1,175 @@
+"""Runs the Helm chart's containers on the simulated cluster (scripts/lib/cluster.py) in place of
+the binaries: for each node the chart is rendered with the node's paths as values, and each
+DaemonSet container becomes a podman container of the image (scripts/lib/podspec.py), with the
+command, args, env, mounts and privileges the manifest gives. Used by
+tests/deploy/test_manifest_runs.py and scripts/demo --containers. Needs root, podman and helm."""
+import os
+import signal
+import subprocess
+import time
+
+import yaml
+
+import podspec
+from cluster import ClusterError, cgroup2_mount, run, wait_until
+
+SOURCE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOOLS = os.environ.get("SOCKMESH_TOOLS", "/opt/sockmesh-tools")
+HELM = os.path.join(TOOLS, "bin", "helm")
+CHART = os.path.join(SOURCE, "manifests", "charts", "sockmesh")
+
+
+def build_image():
+    """Runs scripts/image; returns (image reference, its last line: id and size)."""
+    out = run([os.path.join(SOURCE, "scripts", "image")], timeout=900)
+    tag = run([os.path.join(SOURCE, "scripts", "image"), "--print-tag"]).strip()
+    return tag, out.strip().splitlines()[-1]
+
+
+class Container:
+    """A podman container, with the cluster's Process interface."""
+
+    def __init__(self, name, argv):
+        self.name = name
+        subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True, timeout=30)
+        run(argv, timeout=60)
+
+    def alive(self):
+        r = subprocess.run(["podman", "inspect", "-f", "{{.State.Running}}", self.name],
+                           capture_output=True, text=True, timeout=30)
+        return r.stdout.strip() == "true"
+
+    def send(self, sig):
+        subprocess.run(["podman", "kill", "-s", str(int(sig)), self.name], capture_output=True,
+                       timeout=30)
+
+    def stop(self, sig=signal.SIGTERM, timeout=10.0):
+        if self.alive():
+            self.send(sig)
+            deadline = time.monotonic() + timeout
+            while self.alive() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        r = subprocess.run(["podman", "inspect", "-f", "{{.State.ExitCode}}", self.name],
+                           capture_output=True, text=True, timeout=30)
+        subprocess.run(["podman", "rm", "-f", "-t", "0", self.name], capture_output=True,
+                       timeout=60)
+        return int(r.stdout.strip() or -1)
+
+    def log(self):
+        r = subprocess.run(["podman", "logs", self.name], capture_output=True, text=True,
+                           timeout=30)
+        return r.stdout + r.stderr
+
+    def exec(self, *argv):
+        return run(["podman", "exec", self.name] + list(argv), timeout=30)
+
+
+class ChartRuntime:
+    """Runs each node's containers as the rendered chart describes them."""
+
+    def __init__(self, image):
+        self.image = image
+        self.installers = {}
+        self.netns = []
+        self.rendered = {}
+
+    def render(self, n):
+        c = n.cluster
+        if n.name not in self.rendered:
+            sets = {"tag": self.image.split(":")[1], "runDir": n.run_dir, "zdsSocketDir": n.run_dir,
+                    "cniBinDir": n.bin_dir, "cniConfDir": n.conf_dir, "cniNetnsDir": "/run/netns",
+                    "bpfPinRoot": n.pin_root, "cgroupRoot": n.cgroup,
+                    "builtinCA.stateDir": c.ca_dir, "terminationGracePeriodSeconds": "8"}
+            argv = [HELM, "template", "sockmesh", CHART, "-n", "istio-system"]
+            for k, v in sets.items():
+                argv += ["--set", "%s=%s" % (k, v)]
+            docs = [d for d in yaml.safe_load_all(run(argv)) if d]
+            self.rendered[n.name] = {d["metadata"]["name"]: d for d in docs
+                                     if d["kind"] == "DaemonSet"}
+        return self.rendered[n.name]
+
+    def _run(self, n, ds_name, container, netns, pod_name, cgroup=None):
+        ds = self.render(n)[ds_name]
+        ctx = podspec.PodContext(node_name=n.name, pod_name=pod_name, namespace="istio-system",
+                                 pod_ip=n.link_ip, netns=netns,
+                                 work_dir=os.path.join(n.dir, "kubelet", ds_name),
+                                 config_maps={"sockmesh-config": n.cluster.work},
+                                 cgroup_parent=self._relative_cgroup(cgroup))
+        prefix = "%s-%s-%s" % (n.cluster.id, n.short, ds_name)
+        runs = dict(podspec.podman_runs(ds, ctx, name_prefix=prefix))
+        return Container("%s-%s" % (prefix, container), runs[container])
+
+    @staticmethod
+    def _relative_cgroup(path):
+        if not path:
+            return None
+        os.makedirs(path, exist_ok=True)
+        return "/" + os.path.relpath(path, cgroup2_mount())
+
+    def start_proxy(self, n):
+        ds = self.render(n)["sockmesh"]
+        spec = ds["spec"]["template"]["spec"]
+        assert not spec.get("hostNetwork")
+        # The cluster probes readiness as the manifest's readinessProbe says.
+        assert spec["containers"][0]["readinessProbe"]["httpGet"] == {"path": "/healthz/ready",
+                                                                     "port": 15021}
+        ns = "%s-%s-proxy" % (n.cluster.id, n.name)
+        if ns not in self.netns:
+            run(["ip", "netns", "add", ns])
+            self.netns.append(ns)
+            run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        n.proxy_netns_path = "/run/netns/" + ns
+        # Below the node's cgroup, where the demo's proxy runs: on a node sockops sits on the
+        # cgroup root, so the proxy's sockets meet it (the bypass) as every pod's do.
+        return self._run(n, "sockmesh", "proxy", "/run/netns/" + ns, "sockmesh-" + n.short,
+                         cgroup=n.proxy_cgroup)
+
+    def start_agent(self, n):
+        ds = self.render(n)["sockmesh-node"]
+        assert ds["spec"]["template"]["spec"]["hostNetwork"]
+        # Beside the node's cgroup, as the demo's agent (the node's sockops is not for it).
+        return self._run(n, "sockmesh-node", "agent", n.netns_path, "sockmesh-node-" + n.short,
+                         cgroup=os.path.join(n.cluster.cgroup, "agent-" + n.name))
+
+    def wait_agent(self, n):
+        sock = os.path.join(n.run_dir, "cni.sock")
+
+        def up():
+            if not n.agent.alive():
+                raise ClusterError("%s's agent container exited:\n%s" % (n.name, n.agent.log()))
+            return "running: labels from" in n.agent.log() and os.path.exists(sock)
+        wait_until("%s's agent container" % n.name, up, 30)
+
+    def install_cni(self, n):
+        with open(os.path.join(n.conf_dir, "10-bridge.conflist")) as f:
+            n.original_conflist = f.read()
+        n.original_bin = sorted(os.listdir(n.bin_dir))
+        c = self._run(n, "sockmesh-node", "install-cni", n.netns_path, "sockmesh-node-" + n.short)
+        self.installers[n.name] = c
+
+        def installed():
+            if not c.alive():
+                raise ClusterError("install-cni exited:\n" + c.log())
+            plugins = [p["type"] for p in n.conflist()["plugins"]]
+            return plugins[-1:] == ["sockmesh-cni"] and \
+                os.path.exists(os.path.join(n.bin_dir, "sockmesh-cni"))
+        wait_until("%s's install-cni container to write the conflist" % n.name, installed, 30)
+
+    def close(self, c):
+        for inst in self.installers.values():
+            inst.stop(signal.SIGKILL, timeout=5)
+        for ns in self.netns:
+            run(["ip", "netns", "delete", ns], check=False)
+        # With cgroup v1 controllers beside cgroup2 (a hybrid host), runc also made the parents
+        # in each v1 hierarchy; the cluster removes only its cgroup2 tree.
+        v2 = cgroup2_mount()
+        top = os.path.dirname(v2) if os.path.basename(v2) == "unified" else None
+        for controller in (os.listdir(top) if top else []):
+            tree = os.path.join(top, controller, c.id)
+            if os.path.join(top, controller) == v2 or not os.path.isdir(tree):
+                continue
+            for d, _, _ in sorted(os.walk(tree), key=lambda w: -len(w[0])):
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    pass

@@ -1,0 +1,40 @@
+"""The four binaries the image ships print one version and one commit with --version: the
+project's version (CMakeLists.txt) and the commit of the tree they were built from."""
+import os
+import re
+import subprocess
+import unittest
+
+BUILD = os.environ.get("SOCKMESH_BUILD_DIR", "build")
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+BINARIES = {
+    "sockmesh-proxy": "userspace/sockmesh-proxy",
+    "sockmesh-loader": "loader/sockmesh-loader",
+    "sockmesh-cni": "cni/sockmesh-cni",
+    "sockmesh-install-cni": "cni/sockmesh-install-cni",
+}
+
+
+class VersionTest(unittest.TestCase):
+    def test_same_version_and_commit(self):
+        with open(os.path.join(SOURCE, "CMakeLists.txt")) as f:
+            project = re.search(r"project\(sockmesh VERSION ([0-9.]+)", f.read()).group(1)
+        seen = {}
+        for name, rel in BINARIES.items():
+            out = subprocess.run([os.path.join(BUILD, rel), "--version"], capture_output=True,
+                                 text=True, timeout=10, env={})
+            self.assertEqual(out.returncode, 0, f"{name}: {out.stderr}")
+            m = re.fullmatch(rf"{name} (\S+) \(commit (\S+)\)\n", out.stdout)
+            self.assertIsNotNone(m, f"{name} printed {out.stdout!r}")
+            seen[name] = (m.group(1), m.group(2))
+        self.assertEqual(len(set(seen.values())), 1, seen)
+        version, commit = next(iter(seen.values()))
+        self.assertEqual(version, project)
+        head = subprocess.run(["git", "-C", SOURCE, "rev-parse", "--short=12", "HEAD"],
+                              capture_output=True, text=True).stdout.strip()
+        if head:
+            self.assertTrue(commit.startswith(head), f"{commit} is not HEAD {head}")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
