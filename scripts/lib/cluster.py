@@ -693,10 +693,11 @@ class Cluster:
             self.wait_config_applied()
 
     def wait_config_applied(self, timeout=10):
-        """Until every running proxy serves the current config (workloads and policies)."""
+        """Until every running proxy serves the current config (workloads, services, policies)."""
         want = self.config()
         ips = sorted(ip for w in want["workloads"] for ip in w["workloadIps"])
         names = sorted(p["name"] for p in want["policies"])
+        services = sorted("%s/%s" % (s["namespace"], s["name"]) for s in want["services"])
 
         def applied(n):
             try:
@@ -705,7 +706,9 @@ class Cluster:
                 return False
             have = sorted(ip for w in d.get("workloads", []) for ip in w.get("workloadIps", []))
             pols = sorted(p.get("name") for p in d.get("policies", []))
-            return set(ips) <= set(have) and pols == names
+            svcs = sorted("%s/%s" % (s.get("namespace"), s.get("name"))
+                          for s in d.get("services", []))
+            return set(ips) <= set(have) and pols == names and set(services) <= set(svcs)
         for n in self.nodes:
             if n.proxy and n.proxy.alive():
                 wait_until("%s's proxy to load the new config" % n.name, lambda: applied(n),

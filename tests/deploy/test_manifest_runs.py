@@ -53,7 +53,8 @@ class ManifestRuns(unittest.TestCase):
 
             # Traffic: client on node-a -> service VIP -> echo-b on node-b, over HBONE.
             r = client.client("%s:80" % ECHO_VIP, "--bytes", 1 << 20, "--timeout", 20)
-            self.assertEqual(r.get("servers"), ["shop/echo-b"], r)
+            self.assertEqual(r.get("servers"), ["shop/echo-b"], "%s\nnode-a's proxy:\n%s" % (
+                r, a.proxy.log()[-4000:]))
             self.assertTrue(r.get("ok") and r.get("failed") == 0 and r.get("bytes") == 1 << 20, r)
             wait_until("node-a's proxy to log the outbound HBONE connection",
                        lambda: "dst.hbone_addr=%s:15008" % echo_b.ip in a.proxy.log(), 10)

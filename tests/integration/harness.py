@@ -75,15 +75,18 @@ def http_post(url, timeout=2.0):
 
 
 class ProxyNode:
-    """One sockmesh-proxy process, as node `name`, with admin ports on `admin_ip`."""
+    """One sockmesh-proxy process, as node `name`, with admin ports on `admin_ip`. The admin
+    listener binds loopback only; `admin` names its address when admin_ip is not loopback."""
 
-    def __init__(self, name, config_path, state_dir, admin_ip, log_dir, socks5=None, extra=()):
+    def __init__(self, name, config_path, state_dir, admin_ip, log_dir, socks5=None, extra=(),
+                 admin=None):
         self.name = name
         self.admin_ip = admin_ip
+        self.admin = admin or "%s:15000" % admin_ip
         self.log_path = os.path.join(log_dir, "%s.log" % name)
         self.args = [PROXY_BIN, "--node", name, "--config", config_path,
                      "--state-dir", state_dir,
-                     "--admin", "%s:15000" % admin_ip,
+                     "--admin", self.admin,
                      "--metrics", "%s:15020" % admin_ip,
                      "--readiness", "%s:15021" % admin_ip,
                      "--config-poll-ms", "100",
@@ -133,7 +136,7 @@ class ProxyNode:
         return total
 
     def config_dump(self):
-        return json.loads(http_get("http://%s:15000/config_dump" % self.admin_ip)[1])
+        return json.loads(http_get("http://%s/config_dump" % self.admin)[1])
 
     def terminate(self, timeout=15.0):
         if self.proc and self.proc.poll() is None:

@@ -61,11 +61,13 @@ class HboneIpv6(unittest.TestCase):
         cls.tmp = TempDir()
         cls.config = cls.tmp.file("mesh.yaml", WORKLOADS)
         state = os.path.join(cls.tmp.path, "state")
-        # Bracketed admin addresses: ProxyNode writes "<admin_ip>:port" and URLs from them.
+        # Bracketed metrics/readiness addresses: ProxyNode writes "<admin_ip>:port" and URLs from
+        # them. Admin binds loopback only, and IPv6 has one loopback address: IPv4's here.
         cls.a = ProxyNode("node-a", cls.config, state, "[%s]" % NODE_A, cls.tmp.path,
-                          socks5="[%s]:15080" % NODE_A,
+                          socks5="[%s]:15080" % NODE_A, admin="127.0.0.1:15000",
                           extra=["--socks5-clients", "%s=c1,%s=o1" % (CLIENT, OTHER)])
-        cls.b = ProxyNode("node-b", cls.config, state, "[%s]" % NODE_B, cls.tmp.path)
+        cls.b = ProxyNode("node-b", cls.config, state, "[%s]" % NODE_B, cls.tmp.path,
+                          admin="127.0.0.2:15000")
         try:
             cls.a.start()
             cls.b.start()
