@@ -12,6 +12,7 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -319,6 +320,34 @@ def workload_yaml(uid, name, ns, sa, ip, node, protocol="HBONE", services=None):
             for a, b in ports.items():
                 lines.append("      %d: %d" % (a, b))
     return "\n".join(lines)
+
+
+def show_logs_if_failed(case, mesh):
+    """From a unittest.TestCase's tearDown: write the mesh's logs to stderr when the test failed
+    or errored (or SOCKMESH_TEST_LOGS is set), so a failure carries what the proxies said."""
+    result = getattr(case._outcome, "result", None)
+    failed = result is not None and any(
+        t is case for t, _ in list(result.failures) + list(result.errors))
+    if failed or os.environ.get("SOCKMESH_TEST_LOGS"):
+        sys.stderr.write(mesh.dump_logs())
+
+
+def close_mesh(closers, mesh):
+    """Runs the callables in `closers` newest first (each failure ignored, so the rest still
+    run), then stops the mesh, removes its files and closes the nodes' log files. Empties
+    `closers`."""
+    for close in reversed(closers):
+        try:
+            close()
+        except Exception:  # noqa: BLE001 - keep tearing down
+            pass
+    closers.clear()
+    mesh.stop()
+    mesh.cleanup()
+    for node in (mesh.a, mesh.b):
+        log = getattr(node, "log", None)
+        if log is not None:
+            log.close()
 
 
 class TwoNodeMesh:

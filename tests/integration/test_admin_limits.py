@@ -34,11 +34,7 @@ class AdminLimitsTest(unittest.TestCase):
     def tearDown(self):
         for s in self.idle:
             s.close()
-        result = getattr(self._outcome, "result", None)
-        failed = result is not None and any(
-            t is self for t, _ in list(result.failures) + list(result.errors))
-        if failed or os.environ.get("SOCKMESH_TEST_LOGS"):
-            sys.stderr.write(self.mesh.dump_logs())
+        harness.show_logs_if_failed(self, self.mesh)
         self.mesh.stop()
         self.server.close()
         self.mesh.cleanup()

@@ -165,26 +165,11 @@ class LimitsBase(unittest.TestCase):
             raise
 
     def tearDown(self):
-        result = getattr(self._outcome, "result", None)
-        failed = result is not None and any(
-            t is self for t, _ in list(result.failures) + list(result.errors))
-        if failed or os.environ.get("SOCKMESH_TEST_LOGS"):
-            sys.stderr.write(self.mesh.dump_logs())
+        harness.show_logs_if_failed(self, self.mesh)
         self.close_all()
 
     def close_all(self):
-        for close in reversed(self.closers):
-            try:
-                close()
-            except Exception:  # noqa: BLE001 - keep tearing down
-                pass
-        self.closers = []
-        self.mesh.stop()
-        self.mesh.cleanup()
-        for node in (self.mesh.a, self.mesh.b):
-            log = getattr(node, "log", None)
-            if log is not None:
-                log.close()
+        harness.close_mesh(self.closers, self.mesh)
 
     def ctx(self):
         return interop.tls_client_context(self.ca_cert, *self.client_cert)

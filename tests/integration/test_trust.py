@@ -32,11 +32,7 @@ class TrustTest(unittest.TestCase):
         self.mesh.start()
 
     def tearDown(self):
-        result = getattr(self._outcome, "result", None)
-        failed = result is not None and any(
-            t is self for t, _ in list(result.failures) + list(result.errors))
-        if failed or os.environ.get("SOCKMESH_TEST_LOGS"):
-            sys.stderr.write(self.mesh.dump_logs())
+        harness.show_logs_if_failed(self, self.mesh)
         self.mesh.stop()
         self.server.close()
         for s in self.extra_servers:
