@@ -15,6 +15,7 @@
 #include "base/ip_address.h"
 #include "base/log.h"
 #include "base/version.h"
+#include "loader/agent/kube/owner_daemonset.h"
 #include "loader/agent/run.h"
 #include "loader/agent/zds_server.h"
 #include "loader/attach/node.h"
@@ -46,6 +47,7 @@ commands:
               [--kubeconfig FILE] [--node NAME] [--exclude-namespaces NS,...]
               [--trust-domain TD] [--zds-socket PATH] [--no-install] [--cgroup DIR]
               [--no-bypass] [--fail-open] [--capture-node-traffic]
+              [--uninstall-when-removed NAMESPACE/DAEMONSET]
               the node agent: installs the datapath (unless --no-install), then enrolls pods as
               the sockmesh-cni plugin reports them (socket <run dir, default /var/run/sockmesh>/
               cni.sock) and as namespace labels change (istio.io/dataplane-mode=ambient), from the
@@ -55,6 +57,10 @@ commands:
               Runs until SIGTERM/SIGINT; a restarted agent adopts what it enrolled.
               Connections from the node's own addresses (the kubelet's probes) reach pods
               uncaptured; --capture-node-traffic captures them like any other.
+              --uninstall-when-removed: at SIGTERM the agent asks the API (in-cluster, or
+              --kubeconfig) for that DaemonSet; gone or being deleted means an uninstall, and the
+              agent unenrolls every pod and removes the datapath. Present, or no answer: the
+              datapath stays for the next agent (an upgrade or a restart).
 )";
 
 struct Args {
@@ -215,6 +221,13 @@ int run_agent(const std::string& root, const Args& args) {
   options.labels_from = args.value("--labels-from", options.labels_from);
   options.config_path = args.value("--config");
   options.kubeconfig = args.value("--kubeconfig");
+  options.uninstall_when_removed = args.value("--uninstall-when-removed");
+  if (!options.uninstall_when_removed.empty()) {
+    std::string ns, name, error;
+    if (!agent::kube::parse_owner(options.uninstall_when_removed, &ns, &name, &error)) {
+      return usage_error("--uninstall-when-removed: " + error);
+    }
+  }
   options.node_name = args.value("--node");
   options.trust_domain = args.value("--trust-domain", options.trust_domain);
   if (args.values.count("--exclude-namespaces") != 0) {

@@ -354,6 +354,29 @@ void NodeAgent::shutdown() {
   labels_cv_.notify_all();
 }
 
+maps::Status NodeAgent::unenroll_all() {
+  std::lock_guard lock(mu_);
+  std::string failed;
+  size_t done = 0;
+  for (auto it = pods_.begin(); it != pods_.end();) {
+    PodRecord& record = it->second;
+    if (record.enrolled) {
+      if (auto s = unenroll_locked(record); !s) {
+        failed += (failed.empty() ? "" : "; ") + record.who() + ": " + s.error().message;
+        ++it;
+        continue;
+      }
+      ++done;
+      SM_INFO("agent") << "pod " << record.who() << ": unenrolled (uninstall)";
+    }
+    it = pods_.erase(it);
+  }
+  save_locked();
+  if (!failed.empty()) return Error{EIO, "unenrolling for the uninstall: " + failed};
+  SM_INFO("agent") << done << " pods unenrolled for the uninstall";
+  return {};
+}
+
 PodRecords NodeAgent::pods() const {
   std::lock_guard lock(mu_);
   return pods_;

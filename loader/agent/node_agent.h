@@ -72,6 +72,11 @@ class NodeAgent {
   // Events still waiting for the first labels answer "unavailable" now (the agent is stopping).
   void shutdown();
 
+  // Takes every enrolled pod out of the mesh (capture off, then taken from the proxy) and clears
+  // the agent's record file: what an uninstall does before the datapath is removed. Pods whose
+  // unenrollment fails are named in the error; the others are done.
+  maps::Status unenroll_all();
+
   PodRecords pods() const;
   bool labels_known() const;
   // CNI ADDs refused because the pod's metadata was not known (its enrollment held rather than

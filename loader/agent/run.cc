@@ -11,6 +11,7 @@
 #include "loader/agent/cni_server.h"
 #include "loader/agent/enroller.h"
 #include "loader/agent/kube/kubernetes_labels.h"
+#include "loader/agent/kube/owner_daemonset.h"
 #include "loader/agent/local_config_labels.h"
 #include "loader/agent/node_agent.h"
 #include "loader/agent/pod_discovery.h"
@@ -69,6 +70,41 @@ std::unique_ptr<LabelSource> make_source(const RunOptions& options, std::string*
     return nullptr;
   }
   return source;
+}
+
+// At SIGTERM with --uninstall-when-removed: whether this stop is an uninstall. Anything short of
+// a clear answer from the API keeps the datapath, because removing it during an upgrade would
+// take every pod of the node out of the mesh.
+bool stop_is_uninstall(const RunOptions& options) {
+  const std::string& owner = options.uninstall_when_removed;
+  auto env = environment();
+  auto access = options.kubeconfig.empty() ? kube::in_cluster(env)
+                                           : kube::load_kubeconfig(options.kubeconfig);
+  if (!access) {
+    SM_WARN("agent") << "cannot ask the Kubernetes API whether DaemonSet " << owner
+                     << " is still there (" << access.error().message
+                     << "); keeping the datapath";
+    return false;
+  }
+  kube::ApiClient api(*access, std::chrono::seconds(5));
+  auto answer = kube::owner_daemonset_state(api, owner);
+  switch (answer.state) {
+    case kube::OwnerState::kGone:
+    case kube::OwnerState::kDeleting:
+      SM_INFO("agent") << "DaemonSet " << owner << " is " << kube::owner_state_name(answer.state)
+                       << " (" << answer.detail << "): this is an uninstall; removing the datapath";
+      return true;
+    case kube::OwnerState::kPresent:
+      SM_INFO("agent") << "DaemonSet " << owner << " is still there (" << answer.detail
+                       << "): an upgrade or a restart; enrolled pods stay enrolled";
+      return false;
+    case kube::OwnerState::kUnknown:
+      break;
+  }
+  SM_WARN("agent") << "cannot tell whether DaemonSet " << owner << " is still there ("
+                   << answer.detail << "); keeping the datapath (remove it with "
+                   << "sockmesh-loader uninstall --force)";
+  return false;
 }
 
 }  // namespace
@@ -131,11 +167,28 @@ int run_agent(const RunOptions& options, std::unique_ptr<WorkloadHandoff> handof
     if (sig == SIGTERM || sig == SIGINT) break;
     agent.sweep();
   }
-  SM_INFO("agent") << "stopping; enrolled pods stay enrolled (a restarted agent adopts them)";
+  bool uninstall = !options.uninstall_when_removed.empty() && stop_is_uninstall(options);
+  if (!uninstall) {
+    SM_INFO("agent") << "stopping; enrolled pods stay enrolled (a restarted agent adopts them)";
+  }
   agent.shutdown();
   server.stop();
   source->stop();
-  return 0;
+  if (!uninstall) return 0;
+  int rc = 0;
+  if (auto s = agent.unenroll_all(); !s) {
+    SM_ERROR("agent") << s.error().message << "; removing the datapath anyway";
+    rc = 1;
+  }
+  // --force: a pod that could not be unenrolled above must not keep the node's pins alive.
+  if (auto s = loader::uninstall(options.install.pin_root, /*force=*/true); !s) {
+    SM_ERROR("agent") << "removing the datapath under " << options.install.pin_root << ": "
+                      << s.error().message;
+    return 1;
+  }
+  SM_INFO("agent") << "datapath removed from " << options.install.pin_root
+                   << " (programs detached, pins gone)";
+  return rc;
 }
 
 }  // namespace sockmesh::agent

@@ -24,6 +24,10 @@ struct RunOptions {
   std::vector<std::string> excluded_namespaces = {"kube-system"};
   std::string trust_domain = "cluster.local";
   bool exempt_node_addresses = true;  // the kubelet's probes from the node reach pods uncaptured
+  // "<namespace>/<daemonset>": at SIGTERM, ask the API whether this DaemonSet is still there; if
+  // it is gone or being deleted (an uninstall, not an upgrade), unenroll every pod and remove the
+  // datapath. Empty: the datapath always stays (a restarted agent adopts it).
+  std::string uninstall_when_removed;
   std::chrono::milliseconds sweep_interval{10000};
   std::chrono::milliseconds config_poll{1000};
 };

@@ -101,7 +101,8 @@ class ChartTest(unittest.TestCase):
                 self.assertEqual(sorted((o["kind"], o["metadata"]["name"]) for o in objs), [
                     ("ClusterRole", "sockmesh-node"), ("ClusterRoleBinding", "sockmesh-node"),
                     ("ConfigMap", "sockmesh-config"), ("DaemonSet", "sockmesh"),
-                    ("DaemonSet", "sockmesh-node"), ("ServiceAccount", "sockmesh"),
+                    ("DaemonSet", "sockmesh-node"), ("Role", "sockmesh-node"),
+                    ("RoleBinding", "sockmesh-node"), ("ServiceAccount", "sockmesh"),
                     ("ServiceAccount", "sockmesh-node")])
                 self.validate(objs)
 
@@ -190,11 +191,26 @@ class ChartTest(unittest.TestCase):
     def test_rbac_reads_pods_and_namespaces_only(self):
         objs = render()
         roles = [o for o in objs if o["kind"] in ("Role", "ClusterRole")]
-        self.assertEqual([r["metadata"]["name"] for r in roles], ["sockmesh-node"])
+        self.assertEqual([(r["kind"], r["metadata"]["name"]) for r in roles],
+                         [("ClusterRole", "sockmesh-node"), ("Role", "sockmesh-node")])
         rules = sorted((tuple(r["apiGroups"]), tuple(r["resources"]), tuple(sorted(r["verbs"])))
                        for r in roles[0]["rules"])
         self.assertEqual(rules, [(("",), ("namespaces",), ("list", "watch")),
                                  (("",), ("pods",), ("get", "list", "watch"))])
+        # The uninstall check: get on its own DaemonSet, in the release's namespace, nothing else.
+        self.assertEqual(roles[1]["metadata"]["namespace"], "istio-system")
+        self.assertEqual(roles[1]["rules"], [{"apiGroups": ["apps"], "resources": ["daemonsets"],
+                                              "resourceNames": ["sockmesh-node"],
+                                              "verbs": ["get"]}])
+        self.assertEqual(find(objs, "RoleBinding", "sockmesh-node")["subjects"],
+                         [{"kind": "ServiceAccount", "name": "sockmesh-node",
+                           "namespace": "istio-system"}])
+        agent = container(find(objs, "DaemonSet", "sockmesh-node"), "agent")
+        self.assertIn("--uninstall-when-removed=istio-system/sockmesh-node", agent["args"])
+        off = render("node.uninstallOnExit=false")
+        self.assertEqual([o["kind"] for o in off if o["kind"] in ("Role", "RoleBinding")], [])
+        self.assertFalse(any(a.startswith("--uninstall-when-removed") for a in container(
+            find(off, "DaemonSet", "sockmesh-node"), "agent")["args"]))
         binding = find(objs, "ClusterRoleBinding", "sockmesh-node")
         self.assertEqual(binding["subjects"], [{"kind": "ServiceAccount", "name": "sockmesh-node",
                                                 "namespace": "istio-system"}])

@@ -128,6 +128,70 @@ class Failures(ClusterCase):
             self.assertTrue(r["ok"], "%s broke across the upgrade: %s" % (s.name, r))
         self.assert_fresh_traffic_flows()
 
+    def owner_api(self, node, state):
+        """fake_owner_api.py in node's netns, and the agent arguments that point at it. Returns
+        (args, state_file, request_log)."""
+        d = os.path.join(node.dir, "owner-api")
+        os.makedirs(d, exist_ok=True)
+        state_file, request_log = os.path.join(d, "state"), os.path.join(d, "requests")
+        with open(state_file, "w") as f:
+            f.write(state)
+        kubeconfig = os.path.join(d, "kubeconfig")
+        with open(kubeconfig, "w") as f:
+            f.write("apiVersion: v1\nkind: Config\ncurrent-context: t\n"
+                    "clusters: [{name: t, cluster: {server: 'http://127.0.0.1:18443'}}]\n"
+                    "users: [{name: t, user: {token: owner-token}}]\n"
+                    "contexts: [{name: t, context: {cluster: t, user: t}}]\n")
+        cluster.run(["nsenter", "--net=" + node.netns_path, "ip", "link", "set", "lo", "up"])
+        api = cluster.Process("owner-api", [os.path.join(os.path.dirname(__file__),
+                                                         "fake_owner_api.py"),
+                                            "18443", state_file, request_log, "owner-token"],
+                              netns=node.netns_path, log_path=os.path.join(d, "log"))
+        self.addCleanup(api.stop, signal.SIGKILL)
+        wait_until("the fake API in %s" % node.name, lambda: api.alive() and cluster.run(
+            ["nsenter", "--net=" + node.netns_path, "curl", "-s", "-o", "/dev/null", "-w",
+             "%{http_code}", "http://127.0.0.1:18443/"], check=False).strip() == "401", 10)
+        args = ["--kubeconfig", kubeconfig, "--uninstall-when-removed",
+                "istio-system/sockmesh-node"]
+        return args, state_file, request_log
+
+    def test_a_stopping_agent_removes_the_datapath_only_when_its_daemonset_is_gone(self):
+        # The agent asks the API for its DaemonSet at SIGTERM: still there (an upgrade, a
+        # restart) keeps every pod enrolled; gone (helm uninstall) unenrolls them and removes
+        # the programs and pins. Labels still come from the local config (--labels-from config).
+        a = self.a
+        args, state_file, request_log = self.owner_api(a, "present")
+        a.start_agent(extra=args)
+        tc_ids = self.tc_program_ids(self.client)
+        self.assertEqual(len(tc_ids), 1, tc_ids)
+        self.assertEqual(a.agent.stop(signal.SIGTERM), 0, a.agent.log()[-2000:])
+        self.assertIn("DaemonSet istio-system/sockmesh-node is still there", a.agent.log())
+        self.assertEqual(self.tc_program_ids(self.client), tc_ids, "capture changed on a restart")
+        self.assertTrue(os.listdir(a.pin_root), "pins gone on a restart")
+        self.talk(self.client, "%s:80" % ECHO_VIP, 64 * 1024)  # still in the mesh, over HBONE
+
+        a.start_agent(extra=args)
+        with open(state_file, "w") as f:
+            f.write("gone")
+        self.assertEqual(a.agent.stop(signal.SIGTERM), 0, a.agent.log()[-3000:])
+        log = a.agent.log()
+        self.assertIn("this is an uninstall; removing the datapath", log)
+        self.assertIn("datapath removed from %s" % a.pin_root, log)
+        self.assertEqual(self.tc_program_ids(self.client), set(), "the client pod is still captured")
+        self.assertEqual(self.tc_program_ids(self.pods["echo-a"]), set())
+        left = os.listdir(a.pin_root) if os.path.isdir(a.pin_root) else []
+        self.assertEqual(left, [], "pins left under %s" % a.pin_root)
+        progs = cluster.run(["bpftool", "prog", "show"])
+        for pid in tc_ids:
+            self.assertNotRegex(progs, r"(?m)^%s:" % pid, "tc program %s still loaded" % pid)
+        with open(request_log) as f:
+            requests = [r for r in f.read().splitlines() if r != "/ "]  # the test's own probes
+        self.assertEqual(requests, ["/apis/apps/v1/namespaces/istio-system/daemonsets/"
+                                    "sockmesh-node Bearer owner-token"] * 2, requests)
+        # Node B is untouched, and a pod of node A now talks without the mesh.
+        self.assertEqual(len(self.tc_program_ids(self.pods["echo-b"])), 1)
+        self.talk(self.client, "%s:%d" % (self.pods["legacy-b"].ip, APP_PORT), 64 * 1024)
+
     def second_agent(self, node, tag, zds_socket, extra=()):
         """Another `sockmesh-loader run` on node's run dir, as a second DaemonSet pod would be;
         its exit code and log once it has ended (it must end by itself)."""

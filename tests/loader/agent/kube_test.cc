@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "loader/agent/kube/cluster_access.h"
 #include "loader/agent/kube/kubernetes_labels.h"
+#include "loader/agent/kube/owner_daemonset.h"
 #include "loader/agent/kube/reflector.h"
 #include "loader/agent/node_agent.h"
 #include "testing/fakes.h"
@@ -296,6 +297,69 @@ current-context: kind-kind
   EXPECT_FALSE(kube::in_cluster({}, dir.string()));
   EXPECT_FALSE(kube::load_kubeconfig((dir / "missing").string()));
   fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace sockmesh::agent
+
+namespace sockmesh::agent {
+namespace {
+
+// At SIGTERM the agent asks for its own DaemonSet to tell an uninstall from an upgrade.
+TEST_F(KubeTest, OwnerDaemonSetPresentDeletingGoneOrUnknown) {
+  const std::string path = "/apis/apps/v1/namespaces/istio-system/daemonsets/sockmesh-node";
+  ReplayServer server({
+      {path, false, {}, 200, {recorded("daemonset-node.json")}},
+      {path, false, {}, 200, {recorded("daemonset-node-deleting.json")}},
+      {path, false, {}, 404, {recorded("daemonset-node-not-found.json")}},
+      {path, false, {}, 500, {"{}"}},
+      {path, false, {}, 200, {recorded("pod-cart-1.json")}},  // not a DaemonSet
+  });
+  kube::ApiClient client(access_for(server));
+  const std::string owner = "istio-system/sockmesh-node";
+
+  auto present = kube::owner_daemonset_state(client, owner);
+  EXPECT_EQ(present.state, kube::OwnerState::kPresent) << present.detail;
+  EXPECT_NE(present.detail.find("5b0d5e4e"), std::string::npos) << present.detail;
+
+  auto deleting = kube::owner_daemonset_state(client, owner);
+  EXPECT_EQ(deleting.state, kube::OwnerState::kDeleting) << deleting.detail;
+  EXPECT_NE(deleting.detail.find("2026-12-01T10:02:17Z"), std::string::npos) << deleting.detail;
+
+  auto gone = kube::owner_daemonset_state(client, owner);
+  EXPECT_EQ(gone.state, kube::OwnerState::kGone) << gone.detail;
+
+  auto error = kube::owner_daemonset_state(client, owner);
+  EXPECT_EQ(error.state, kube::OwnerState::kUnknown);
+  EXPECT_NE(error.detail.find("500"), std::string::npos) << error.detail;
+
+  auto wrong_kind = kube::owner_daemonset_state(client, owner);
+  EXPECT_EQ(wrong_kind.state, kube::OwnerState::kUnknown) << wrong_kind.detail;
+
+  EXPECT_TRUE(server.all_used());
+  auto requests = server.requests();
+  ASSERT_EQ(requests.size(), 5u);
+  EXPECT_EQ(requests[0].target, path);
+  EXPECT_EQ(requests[0].authorization, "Bearer replay-token");
+}
+
+TEST_F(KubeTest, OwnerDaemonSetUnreachableApiAndMalformedOwnerAreUnknown) {
+  kube::ClusterAccess nowhere;
+  nowhere.server = "http://127.0.0.1:1";  // nothing listens on port 1
+  kube::ApiClient client(nowhere, 2s);
+  auto answer = kube::owner_daemonset_state(client, "istio-system/sockmesh-node");
+  EXPECT_EQ(answer.state, kube::OwnerState::kUnknown);
+  EXPECT_FALSE(answer.detail.empty());
+
+  std::string ns, name, error;
+  for (const char* bad : {"", "sockmesh-node", "/x", "x/", "a/b/c"}) {
+    EXPECT_FALSE(kube::parse_owner(bad, &ns, &name, &error)) << bad;
+    EXPECT_NE(error.find("<namespace>/<daemonset>"), std::string::npos) << error;
+    EXPECT_EQ(kube::owner_daemonset_state(client, bad).state, kube::OwnerState::kUnknown) << bad;
+  }
+  ASSERT_TRUE(kube::parse_owner("istio-system/sockmesh-node", &ns, &name, &error));
+  EXPECT_EQ(ns, "istio-system");
+  EXPECT_EQ(name, "sockmesh-node");
 }
 
 }  // namespace
