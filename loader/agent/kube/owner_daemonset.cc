@@ -8,10 +8,14 @@ namespace sockmesh::agent::kube {
 
 const char* owner_state_name(OwnerState s) {
   switch (s) {
-    case OwnerState::kPresent: return "present";
-    case OwnerState::kDeleting: return "being deleted";
-    case OwnerState::kGone: return "gone";
-    case OwnerState::kUnknown: return "unknown";
+    case OwnerState::kPresent:
+      return "present";
+    case OwnerState::kDeleting:
+      return "being deleted";
+    case OwnerState::kGone:
+      return "gone";
+    case OwnerState::kUnknown:
+      return "unknown";
   }
   return "unknown";
 }
@@ -31,8 +35,8 @@ bool parse_owner(const std::string& owner, std::string* ns, std::string* name, s
 OwnerAnswer owner_daemonset_state(ApiClient& api, const std::string& owner) {
   std::string ns, name, error;
   if (!parse_owner(owner, &ns, &name, &error)) return {OwnerState::kUnknown, error};
-  auto response = api.get("/apis/apps/v1/namespaces/" + url_encode(ns) + "/daemonsets/" +
-                          url_encode(name));
+  auto response =
+      api.get("/apis/apps/v1/namespaces/" + url_encode(ns) + "/daemonsets/" + url_encode(name));
   if (!response) return {OwnerState::kUnknown, response.error().message};
   if (response->status == 404) return {OwnerState::kGone, "the API answers 404"};
   if (response->status != 200) {
