@@ -291,25 +291,31 @@ class NackTest(XdsTestCase):
     def test_malformed_resource_is_nacked_and_nothing_changes(self):
         self.start_synced()
         m = self.mesh
-        bad = workload("bad", "bad", "x", "10.0.0.1", "node-b")
+        # Named to sort after the good one: the response carries s3 first, then the bad one.
+        bad = workload("zbad", "bad", "x", "10.0.0.1", "node-b")
         bad.workload.addresses[0] = b"\x0a\x00\x01"  # three bytes: not an IP
         good = workload("s3", "server3", "server", m.block + ".22", "node-b")
-        nonces = m.xds.push(ADDRESS, {"s3": good, "bad": bad})
+        nonces = m.xds.push(ADDRESS, {"s3": good, "zbad": bad})
         for n in nonces:
             r = m.xds.wait_reply(n)
             self.assertIsNotNone(r["error"], "NACK expected")
-            self.assertIn("'bad'", r["error"])
+            self.assertIn("'zbad'", r["error"])
             self.assertIn("workload.addresses[0]", r["error"])
             self.assertIn("3", r["error"])
         # All or nothing: the good resource of the same response is not applied either.
         self.assertNotIn("s3", self.workload_uids(m.a))
-        self.assertNotIn("bad", self.workload_uids(m.a))
+        self.assertNotIn("zbad", self.workload_uids(m.a))
         x = m.a.config_dump()["xds"]["types"][ADDRESS]
         self.assertEqual(x["nacks"], 1)
         self.assertIn("workload.addresses[0]", x["lastNack"]["error"])
         self.assertEqual(m.a.metric_sum("sockmesh_xds_nacks_total",
                                         type="istio.workload.Address"), 1)
         self.assert_reaches(m.server_ip, 8080)
+        # Nothing of the NACKed response is left behind to surface with the next good one.
+        s4 = workload("s4", "server4", "server", m.block + ".24", "node-b")
+        [m.xds.wait_reply(n) for n in m.xds.push(ADDRESS, {"s4": s4}, removed=["zbad"])]
+        wait_until(lambda: "s4" in self.workload_uids(m.a), what="s4 applied")
+        self.assertNotIn("s3", self.workload_uids(m.a))
 
         # Bytes that are no Address at all.
         nonces = m.xds.push(ADDRESS, {"junk": b"\xff\xff\xff"})
@@ -324,7 +330,7 @@ class NackTest(XdsTestCase):
             self.assertIn("authorization.rules[0].clauses[0].matches[0].destination_ports[0]", err)
         self.assertEqual(m.b.config_dump()["policies"], [])
         # The next good push is applied (the bad ones are dropped from the fake first).
-        nonces = m.xds.push(ADDRESS, {"s3": good}, removed=["bad", "junk"])
+        nonces = m.xds.push(ADDRESS, {"s3": good}, removed=["zbad", "junk"])
         for n in nonces:
             self.assertIsNone(m.xds.wait_reply(n)["error"])
         wait_until(lambda: "s3" in self.workload_uids(m.a), what="s3 applied")
