@@ -36,11 +36,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     XdsResources resources;
     // Twice: the second time over a set that may already hold what the first added.
     for (int i = 0; i < 2; ++i) {
-      size_t before = resources.workload_count() + resources.service_count() +
-                      resources.policy_count();
+      size_t before =
+          resources.workload_count() + resources.service_count() + resources.policy_count();
       auto r = resources.apply(response);
-      size_t after = resources.workload_count() + resources.service_count() +
-                     resources.policy_count();
+      size_t after =
+          resources.workload_count() + resources.service_count() + resources.policy_count();
       if (!r) {
         FUZZ_CHECK(!r.error().message.empty());
         FUZZ_CHECK(before == after);
