@@ -185,8 +185,8 @@ bool DeltaClient::run_stream() {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
-  auto channel = grpc::CreateCustomChannel(grpc_target(options_.address),
-                                           grpc::SslCredentials(ssl), args);
+  auto channel =
+      grpc::CreateCustomChannel(grpc_target(options_.address), grpc::SslCredentials(ssl), args);
   auto stub = AggregatedDiscoveryService::NewStub(channel);
   grpc::ClientContext ctx;
   if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
