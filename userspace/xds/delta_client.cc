@@ -199,12 +199,13 @@ bool DeltaClient::run_stream() {
   }
   auto stream = stub->DeltaAggregatedResources(&ctx);
 
-  bool first = true;
   bool ok = true;
   for (const char* type : kTypes) {
     DeltaDiscoveryRequest req;
     req.set_type_url(type);
-    if (first) {
+    // Every initial request carries the Node, and no resource names (a wildcard subscription),
+    // as ztunnel's do.
+    {
       auto* node = req.mutable_node();
       node->set_id(node_id(options_));
       node->set_cluster(options_.cluster_id);
@@ -214,7 +215,6 @@ bool DeltaClient::run_stream() {
       set_string(md, "INSTANCE_IPS", options_.instance_ip);
       set_string(md, "NODE_NAME", options_.node_name);
       set_string(md, "CLUSTER_ID", options_.cluster_id);
-      first = false;
     }
     for (const auto& [name, version] : resources_.versions(type)) {
       (*req.mutable_initial_resource_versions())[name] = version;
