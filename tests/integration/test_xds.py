@@ -195,6 +195,9 @@ class InitialSyncTest(XdsTestCase):
         self.assertEqual(s1["serviceAccount"], "server")
         self.assertEqual(s1["workloadIps"], [m.server_ip])
         self.assertEqual(s1["node"], "node-b")
+        self.assertEqual(s1["workloadName"], "server-deploy")
+        self.assertEqual(s1["canonicalName"], "server")
+        self.assertEqual(s1["clusterId"], "Kubernetes")
         svc = dump["services"][0]
         self.assertEqual(svc["hostname"], "server.default.svc.cluster.local")
         self.assertIn(m.vip, str(svc["vips"]))

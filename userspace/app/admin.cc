@@ -79,7 +79,14 @@ std::string config_dump_json(const AdminSources& s) {
                          {"local", w.node == s.node_name},
                          {"workloadIps", ips_json(w.ips)},
                          {"protocol", w.protocol == state::Protocol::kHbone ? "HBONE" : "TCP"},
-                         {"services", services}});
+                         {"services", services},
+                         // The rest under ztunnel's names, for tools that read its dump.
+                         {"workloadName", w.workload_name},
+                         {"canonicalName", w.canonical_name},
+                         {"canonicalRevision", w.canonical_revision},
+                         {"clusterId", w.cluster_id},
+                         {"network", w.network},
+                         {"authorizationPolicies", w.authorization_policies}});
   }
   out["workloads"] = workloads;
   json services = json::array();
