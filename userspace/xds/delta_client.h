@@ -38,7 +38,6 @@ struct DeltaClientOptions {
   std::string pod_name;
   std::string pod_namespace;
   std::string instance_ip;
-  std::string trust_domain = "cluster.local";
   std::chrono::milliseconds initial_backoff{200};
   std::chrono::milliseconds max_backoff{5000};
 };
