@@ -33,6 +33,7 @@
 #include "proxy/enrolled_workloads.h"
 #include "proxy/proxy.h"
 #include "proxy/zds.h"
+#include "xds/delta_client.h"
 
 using namespace sockmesh;
 
@@ -171,11 +172,31 @@ int main(int argc, char** argv) {
     SM_WARN("main") << finding.message;
   }
 
-  // Mesh state: the local config file (watched) or the embedded default.
+  // Mesh state, one source at a time as ztunnel: istiod over xDS, else the local config file
+  // (watched), else the embedded default.
   state::StateStore store;
   std::unique_ptr<config::ConfigWatcher> watcher;
+  std::unique_ptr<xds::DeltaClient> xds_client;
   std::string config_source;
-  if (cfg.config_file.empty()) {
+  if (!opts.xds.address.empty()) {
+    if (!cfg.config_file.empty()) {
+      return fail("both --xds-address (XDS_ADDRESS) and --config (LOCAL_XDS_PATH) are set; "
+                  "mesh state comes from one source: unset one");
+    }
+    config_source = "xds " + opts.xds.address;
+    xds::DeltaClientOptions xo;
+    xo.address = opts.xds.address;
+    xo.root_ca_file = opts.xds.root_ca;
+    xo.token_file = opts.xds.token_file;
+    xo.cluster_id = opts.xds.cluster_id;
+    xo.node_name = cfg.node_name;
+    xo.pod_name = opts.xds.pod_name;
+    xo.pod_namespace = opts.xds.pod_namespace;
+    xo.instance_ip = opts.xds.instance_ip;
+    SM_INFO("main") << "mesh state from istiod at " << xo.address << " (node id "
+                    << xds::DeltaClient::node_id(xo) << "); not ready until the first sync";
+    xds_client = std::make_unique<xds::DeltaClient>(std::move(xo), &store);
+  } else if (cfg.config_file.empty()) {
     config_source = "embedded default";
     auto parsed = config::parse_local_config(config::embedded_default_config(), "<embedded>");
     if (const auto* e = config::error_of(parsed)) return fail(e->to_string());
@@ -186,7 +207,7 @@ int main(int argc, char** argv) {
     if (auto e = watcher->reload()) return fail("bad configuration: " + e->to_string());
     watcher->start();
   }
-  {
+  if (!xds_client) {
     auto snap = store.get();
     size_t local = 0;
     for (const auto& w : snap->workloads()) local += w.node == cfg.node_name ? 1 : 0;
@@ -256,7 +277,8 @@ int main(int argc, char** argv) {
   }
 
   app::AdminSources sources{&proxy,         &store,        &certificates,   &metrics,
-                            cfg.node_name, config_source, cfg.bpf_pin_root, zds.get()};
+                            cfg.node_name, config_source, cfg.bpf_pin_root, zds.get(),
+                            xds_client.get()};
   // The admin, metrics and readiness servers get a thread of their own: a scraper or a slow
   // client there never takes time from the acceptors on the control thread.
   HttpThread http;
@@ -295,6 +317,8 @@ int main(int argc, char** argv) {
                     << cfg.zds_socket;
   }
 
+  // After the listeners: a push re-checks live connections through the proxy's subscription.
+  if (xds_client) xds_client->start();
   IdleTrimmer trimmer(proxy);
 
   boost::asio::io_context signals_io;
@@ -305,6 +329,7 @@ int main(int argc, char** argv) {
   SM_INFO("main") << "signal " << received << " received: draining for up to "
                   << cfg.drain_timeout.count() << " ms";
   if (watcher) watcher->stop();
+  if (xds_client) xds_client->stop();
   certificates.stop_background_renewal();
   if (zds) zds->stop();  // before the drain: no pod is adopted while listeners close
   proxy.drain(cfg.drain_timeout);

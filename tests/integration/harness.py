@@ -85,7 +85,9 @@ class ProxyNode:
         self.admin_ip = admin_ip
         self.admin = admin or "%s:15000" % admin_ip
         self.log_path = os.path.join(log_dir, "%s.log" % name)
-        self.args = [PROXY_BIN, "--node", name, "--config", config_path,
+        # config_path None: no local config (e.g. the mesh state comes from xDS, see `extra`).
+        config = ["--config", config_path] if config_path else []
+        self.args = [PROXY_BIN, "--node", name] + config + [
                      "--state-dir", state_dir,
                      "--admin", self.admin,
                      "--metrics", "%s:15020" % admin_ip,

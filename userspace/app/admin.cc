@@ -79,7 +79,14 @@ std::string config_dump_json(const AdminSources& s) {
                          {"local", w.node == s.node_name},
                          {"workloadIps", ips_json(w.ips)},
                          {"protocol", w.protocol == state::Protocol::kHbone ? "HBONE" : "TCP"},
-                         {"services", services}});
+                         {"services", services},
+                         // The rest under ztunnel's names, for tools that read its dump.
+                         {"workloadName", w.workload_name},
+                         {"canonicalName", w.canonical_name},
+                         {"canonicalRevision", w.canonical_revision},
+                         {"clusterId", w.cluster_id},
+                         {"network", w.network},
+                         {"authorizationPolicies", w.authorization_policies}});
   }
   out["workloads"] = workloads;
   json services = json::array();
@@ -118,6 +125,26 @@ std::string config_dump_json(const AdminSources& s) {
                         {"rules", rules}});
   }
   out["policies"] = policies;
+  if (s.xds != nullptr) {
+    auto st = s.xds->status();
+    json types = json::object();
+    for (const auto& [type, t] : st.types) {
+      json j = {{"answered", t.answered},
+                {"ackedVersion", t.acked_version},
+                {"ackedNonce", t.acked_nonce},
+                {"acks", t.acks},
+                {"nacks", t.nacks}};
+      if (!t.nack_error.empty()) {
+        j["lastNack"] = {{"nonce", t.nacked_nonce}, {"error", t.nack_error}};
+      }
+      types[type] = j;
+    }
+    json terminations = json::object();
+    for (const auto& [reason, n] : st.terminations) terminations[reason] = n;
+    out["xds"] = {
+        {"connected", st.connected},  {"synced", st.synced}, {"streams", st.streams},
+        {"lastError", st.last_error}, {"types", types},      {"terminations", terminations}};
+  }
   if (s.certificates != nullptr) {
     auto cs = s.certificates->snapshot();
     json certs = json::array();
@@ -185,8 +212,10 @@ void add_admin_routes(observe::HttpServer& server, const AdminSources& s) {
           std::string known;
           for (auto scope : log::known_scopes()) known += " " + std::string(scope);
           return observe::HttpResponse{400, "text/plain; charset=utf-8",
-                                       "unknown scope '" + k + "'; use level (all scopes) or "
-                                       "one of:" + known + "; nothing was changed\n"};
+                                       "unknown scope '" + k +
+                                           "'; use level (all scopes) or "
+                                           "one of:" +
+                                           known + "; nothing was changed\n"};
         }
         log::Level level;
         if (!log::parse_level(v, &level)) {
@@ -235,18 +264,54 @@ std::string datapath_metrics(const std::string& pin_root) {
   }
   // The bypass is optional (the loader goes on without it when the kernel refuses it).
   const std::string link = pin_root + "/" SM_PIN_LINKS_DIR "/" SM_PIN_LINK_SOCKOPS;
-  out += "# HELP sockmesh_datapath_bypass_attached 1 when the sockmap bypass (sockops + sk_msg) "
-         "is attached, 0 when app <-> proxy traffic takes the TCP/IP stack\n"
-         "# TYPE sockmesh_datapath_bypass_attached gauge\n"
-         "sockmesh_datapath_bypass_attached " +
-         std::string(access(link.c_str(), F_OK) == 0 ? "1" : "0") + "\n";
+  out +=
+      "# HELP sockmesh_datapath_bypass_attached 1 when the sockmap bypass (sockops + sk_msg) "
+      "is attached, 0 when app <-> proxy traffic takes the TCP/IP stack\n"
+      "# TYPE sockmesh_datapath_bypass_attached gauge\n"
+      "sockmesh_datapath_bypass_attached " +
+      std::string(access(link.c_str(), F_OK) == 0 ? "1" : "0") + "\n";
+  return out;
+}
+
+std::string xds_metrics(const xds::DeltaClient* client) {
+  if (client == nullptr) return "";
+  auto st = client->status();
+  auto short_type = [](const std::string& url) { return url.substr(url.rfind('/') + 1); };
+  std::string out =
+      "# HELP istio_xds_connection_terminations_total xDS streams to istiod that ended, by "
+      "reason (the gRPC status, or why none could start)\n"
+      "# TYPE istio_xds_connection_terminations_total counter\n";
+  for (const auto& [reason, n] : st.terminations) {
+    out += "istio_xds_connection_terminations_total{reason=\"" + reason + "\"} " +
+           std::to_string(n) + "\n";
+  }
+  out +=
+      "# HELP sockmesh_xds_acks_total xDS responses applied and ACKed, by type\n"
+      "# TYPE sockmesh_xds_acks_total counter\n";
+  for (const auto& [type, t] : st.types) {
+    out += "sockmesh_xds_acks_total{type=\"" + short_type(type) + "\"} " + std::to_string(t.acks) +
+           "\n";
+  }
+  out +=
+      "# HELP sockmesh_xds_nacks_total xDS responses refused (NACKed), by type\n"
+      "# TYPE sockmesh_xds_nacks_total counter\n";
+  for (const auto& [type, t] : st.types) {
+    out += "sockmesh_xds_nacks_total{type=\"" + short_type(type) + "\"} " +
+           std::to_string(t.nacks) + "\n";
+  }
+  out +=
+      "# HELP sockmesh_xds_connected 1 while the xDS stream to istiod is up\n"
+      "# TYPE sockmesh_xds_connected gauge\n"
+      "sockmesh_xds_connected " +
+      std::string(st.connected ? "1" : "0") + "\n";
   return out;
 }
 
 void add_metrics_routes(observe::HttpServer& server, const AdminSources& s) {
   auto handler = [s](const observe::HttpRequest&) {
-    return observe::HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8",
-                                 s.metrics->render() + datapath_metrics(s.bpf_pin_root)};
+    return observe::HttpResponse{
+        200, "text/plain; version=0.0.4; charset=utf-8",
+        s.metrics->render() + datapath_metrics(s.bpf_pin_root) + xds_metrics(s.xds)};
   };
   server.route("/metrics", handler);
   server.route("/stats/prometheus", handler);
@@ -259,8 +324,14 @@ void add_readiness_routes(observe::HttpServer& server, const AdminSources& s) {
                                    "not ready: listeners not open, or draining\n"};
     }
     if (s.zds != nullptr && !s.zds->synced()) {
+      return observe::HttpResponse{
+          503, "text/plain; charset=utf-8",
+          "not ready: waiting for the node agent's first snapshot (ZDS)\n"};
+    }
+    if (s.xds != nullptr && !s.xds->synced()) {
       return observe::HttpResponse{503, "text/plain; charset=utf-8",
-                                   "not ready: waiting for the node agent's first snapshot (ZDS)\n"};
+                                   "not ready: waiting for the first complete xDS sync from "
+                                   "istiod (workloads and policies)\n"};
     }
     return observe::HttpResponse{200, "text/plain; charset=utf-8", "ready\n"};
   });

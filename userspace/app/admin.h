@@ -11,6 +11,7 @@
 #include "proxy/proxy.h"
 #include "proxy/zds.h"
 #include "state/store.h"
+#include "xds/delta_client.h"
 
 namespace sockmesh::app {
 
@@ -20,10 +21,14 @@ struct AdminSources {
   identity::CertificateCache* certificates = nullptr;
   observe::Registry* metrics = nullptr;
   std::string node_name;
-  std::string config_source;  // file path or "embedded default"
-  std::string bpf_pin_root;   // datapath counters are exported from here when pinned
+  std::string config_source;              // file path or "embedded default"
+  std::string bpf_pin_root;               // datapath counters are exported from here when pinned
   const proxy::ZdsClient* zds = nullptr;  // in-pod mode: ready only after the first snapshot
+  const xds::DeltaClient* xds = nullptr;  // xDS mode: ready only after the first complete sync
 };
+
+// The xDS client's counters in Prometheus text ("" without a client).
+std::string xds_metrics(const xds::DeltaClient* client);
 
 // The kernel datapath's per-CPU counters (summed) in Prometheus text, or "" when the maps are not
 // pinned under `pin_root` (no datapath on this node).

@@ -84,6 +84,25 @@ Setter text(std::string proxy::ProxyConfig::*field) {
   };
 }
 
+Setter xds_text(std::string XdsSettings::*field) {
+  return [field](const std::string& v, Options* o) -> std::optional<std::string> {
+    o->xds.*field = v;
+    return std::nullopt;
+  };
+}
+
+// ztunnel's environment variable for a flag's setting.
+const std::map<std::string, std::string>& ztunnel_env() {
+  static const std::map<std::string, std::string> m = {
+      {"xds-address", "XDS_ADDRESS"},   {"xds-root-ca", "XDS_ROOT_CA"},
+      {"xds-token-file", "AUTH_TOKEN"}, {"cluster-id", "CLUSTER_ID"},
+      {"node", "NODE_NAME"},            {"pod-name", "POD_NAME"},
+      {"pod-namespace", "POD_NAMESPACE"}, {"instance-ip", "INSTANCE_IP"},
+      {"config", "LOCAL_XDS_PATH"},
+  };
+  return m;
+}
+
 const std::map<std::string, std::pair<Setter, const char*>>& flags() {
   static const std::map<std::string, std::pair<Setter, const char*>> f = {
       {"node", {text(&proxy::ProxyConfig::node_name), "this node's name (workloads whose node matches are local)"}},
@@ -189,6 +208,13 @@ const std::map<std::string, std::pair<Setter, const char*>>& flags() {
         "how often certificates are renewed and mounted files (root-cert.pem included) re-read "
         "(default 10000)"}},
       {"config-poll-ms", {millis(&proxy::ProxyConfig::config_poll), "how often the config file is checked (default 1000)"}},
+      {"xds-address", {xds_text(&XdsSettings::address), "istiod's Delta xDS address, e.g. https://istiod.istio-system.svc:15012; when set, workloads, services and policies come from it instead of --config (default: unset)"}},
+      {"xds-root-ca", {xds_text(&XdsSettings::root_ca), "PEM roots istiod's certificate must chain to (default ./var/run/secrets/istio/root-cert.pem)"}},
+      {"xds-token-file", {xds_text(&XdsSettings::token_file), "bearer token sent to istiod, re-read on every connection (default ./var/run/secrets/tokens/istio-token)"}},
+      {"cluster-id", {xds_text(&XdsSettings::cluster_id), "this cluster's id, sent to istiod (default Kubernetes)"}},
+      {"pod-name", {xds_text(&XdsSettings::pod_name), "this proxy's pod name, for istiod's node id (default: unset)"}},
+      {"pod-namespace", {xds_text(&XdsSettings::pod_namespace), "this proxy's namespace, for istiod's node id (default: unset)"}},
+      {"instance-ip", {xds_text(&XdsSettings::instance_ip), "this proxy's pod IP, for istiod's node id (default: unset)"}},
       {"log-level", {[](const std::string& v, Options* o) -> std::optional<std::string> {
                        o->log_level = v;
                        return std::nullopt;
@@ -200,7 +226,12 @@ const std::map<std::string, std::pair<Setter, const char*>>& flags() {
 }  // namespace
 
 std::optional<std::string> parse_options(const std::vector<std::string>& args, Options* out) {
-  // Environment first, flags override.
+  // Environment first (ztunnel's names, then sockmesh's), flags override.
+  for (const auto& [name, env] : ztunnel_env()) {
+    if (const char* v = std::getenv(env.c_str())) {
+      if (auto err = flags().at(name).first(v, out)) return env + ": " + *err;
+    }
+  }
   for (const auto& [name, entry] : flags()) {
     std::string env = "SOCKMESH_";
     for (char c : name) env.push_back(c == '-' ? '_' : static_cast<char>(std::toupper(c)));
@@ -246,6 +277,10 @@ std::string usage() {
   }
   u += "  --print-default-config  print the embedded default config (YAML) and exit\n";
   u += "\nEvery flag can also be set as SOCKMESH_<FLAG> (e.g. SOCKMESH_NODE=node-b).\n";
+  u += "ztunnel's variables are read too (SOCKMESH_<FLAG> and the flag win):\n";
+  for (const auto& [name, env] : ztunnel_env()) {
+    u += "  " + env + std::string(env.size() < 22 ? 24 - env.size() : 1, ' ') + "--" + name + "\n";
+  }
   return u;
 }
 

@@ -1,7 +1,9 @@
 #pragma once
 // Command-line flags of sockmesh-proxy. Every flag also reads an environment variable
 // (SOCKMESH_<FLAG> in upper case with '_' for '-'), flags winning, so that a DaemonSet can set
-// them either way.
+// them either way. Some flags also read ztunnel's variable for the same setting (XDS_ADDRESS,
+// NODE_NAME, ...), so ztunnel's DaemonSet environment works unchanged; SOCKMESH_<FLAG> wins over
+// ztunnel's name, and the flag over both.
 #include <optional>
 #include <string>
 #include <vector>
@@ -10,8 +12,21 @@
 
 namespace sockmesh::app {
 
+// The control plane (istiod over Delta xDS). An empty address means no xDS: the local config
+// file, or the embedded default, is the one source of mesh state.
+struct XdsSettings {
+  std::string address;
+  std::string root_ca = "./var/run/secrets/istio/root-cert.pem";
+  std::string token_file = "./var/run/secrets/tokens/istio-token";
+  std::string cluster_id = "Kubernetes";
+  std::string pod_name;
+  std::string pod_namespace;
+  std::string instance_ip;
+};
+
 struct Options {
   proxy::ProxyConfig proxy;
+  XdsSettings xds;
   std::string log_level = "info";
   bool help = false;
   bool print_default_config = false;

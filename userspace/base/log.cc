@@ -75,7 +75,7 @@ const std::vector<std::string_view>& known_scopes() {
   static const std::vector<std::string_view> scopes = {
       "access", "admin",  "agent",  "config", "h2",   "identity", "inbound",  "install",
       "kube",   "libbpf", "loader", "main",   "maps", "net",      "outbound", "policy",
-      "pool",   "proxy",  "rbac",   "socks5", "tls",  "zds"};
+      "pool",   "proxy",  "rbac",   "socks5", "tls",  "xds",      "zds"};
   return scopes;
 }
 
