@@ -11,10 +11,11 @@ shop/echo-a on node-a, shop/echo-b on node-b, service echo 10.96.0.20:80 -> echo
            Counts the HBONE connections the tunnels share (the per-source cap of OPERATING 5.3
            must stay far away) and the refusals in the metrics (must stay 0).
   kill     kill -9 loops under traffic: node-a's proxy, node-a's agent, and the loader (a
-           `sockmesh-loader install` run beside the agent, killed part-way). Each round waits a
-           random, seeded delay, kills, restarts, and times the window until a new connection
-           from the client pod succeeds again (a prober in the pod connects every 50 ms, which
-           is also the traffic). A quarter of the proxy and agent rounds (seeded) kill the new
+           `sockmesh-loader install`, killed part-way: in odd rounds beside the running agent,
+           in even ones on a node whose datapath was uninstalled, the agent started again
+           after). Each round waits a random, seeded delay, kills, restarts, and times the
+           window until a new connection from the client pod succeeds again (a prober in the
+           pod connects every 20 ms with a 250 ms connect timeout, which is also the traffic). A quarter of the proxy and agent rounds (seeded) kill the new
            process again while it starts. Checks: the window, BPF programs, maps and pins
            before/after, and the descriptors and RSS of the processes that were not killed.
            Then an upgrade: a second proxy started beside the running one (SO_REUSEPORT
@@ -31,6 +32,8 @@ import datetime
 import json
 import os
 import random
+import resource
+import re
 import shutil
 import signal
 import socket
@@ -76,16 +79,74 @@ def fd_count(pid):
     return len(os.listdir("/proc/%d/fd" % pid))
 
 
+def fd_kinds(pid):
+    """The process's descriptors by kind: socket, anon_inode:bpf-map, a file's path..."""
+    out = []
+    d = "/proc/%d/fd" % pid
+    for fd in os.listdir(d):
+        try:
+            t = os.readlink(os.path.join(d, fd))
+        except OSError:
+            continue
+        out.append(re.sub(r":\[\d+\]$", "", t))
+    return sorted(out)
+
+
 def bpf_counts(pin_roots):
     """Programs and maps in the kernel (all of them: the privileged lock keeps other runs
     away), and files pinned under the cluster's pin roots."""
-    progs = len(json.loads(lib.run(["bpftool", "-j", "prog", "show"]) or "[]"))
-    maps = len(json.loads(lib.run(["bpftool", "-j", "map", "show"]) or "[]"))
-    pins = 0
+    progs = json.loads(lib.run(["bpftool", "-j", "prog", "show"]) or "[]")
+    maps = json.loads(lib.run(["bpftool", "-j", "map", "show"]) or "[]")
+    pins = []
     for r in pin_roots:
-        for _, _, files in os.walk(r):
-            pins += len(files)
-    return {"progs": progs, "maps": maps, "pins": pins}
+        for dirpath, _, files in os.walk(r):
+            pins += [os.path.relpath(os.path.join(dirpath, f), r) for f in files]
+    return {"progs": sorted("%s:%s" % (p.get("type"), p.get("name")) for p in progs),
+            "maps": sorted("%s:%s" % (m.get("type"), m.get("name")) for m in maps),
+            "pins": sorted(pins)}
+
+
+def held_map_ids(pid):
+    """The ids of the BPF maps the process holds descriptors of."""
+    ids = set()
+    d = "/proc/%d/fd" % pid
+    for fd in os.listdir(d):
+        try:
+            if os.readlink(os.path.join(d, fd)) != "anon_inode:bpf-map":
+                continue
+            with open("/proc/%d/fdinfo/%s" % (pid, fd)) as f:
+                m = re.search(r"^map_id:\s*(\d+)", f.read(), re.M)
+        except OSError:
+            continue
+        if m:
+            ids.add(int(m.group(1)))
+    return ids
+
+
+def pinned_map_ids(pin_root):
+    """{map id: pinned path} of the maps pinned under pin_root."""
+    out = {}
+    for dirpath, _, files in os.walk(pin_root):
+        for f in files:
+            path = os.path.join(dirpath, f)
+            try:
+                info = json.loads(lib.run(["bpftool", "-j", "map", "show", "pinned", path]))
+            except (lib.ClusterError, ValueError):
+                continue  # a program or link
+            out[info["id"]] = "%s (%s)" % (os.path.relpath(path, pin_root), info.get("name"))
+    return out
+
+
+def extra(after, before):
+    """What after has more of than before (multisets of names)."""
+    left = list(before)
+    out = []
+    for x in after:
+        if x in left:
+            left.remove(x)
+        else:
+            out.append(x)
+    return out
 
 
 def leftover_temp_files(dirs):
@@ -104,8 +165,9 @@ def probe_main(argv):
     "fail T reason" per attempt (T: time.time())."""
     p = argparse.ArgumentParser(prog="faults.py probe")
     p.add_argument("--target", required=True)
-    p.add_argument("--interval", type=float, default=0.05)
-    p.add_argument("--timeout", type=float, default=0.5)
+    p.add_argument("--interval", type=float, default=0.02)
+    # A connect() whose SYN was dropped (no proxy) waits this long: the window's resolution.
+    p.add_argument("--timeout", type=float, default=0.25)
     p.add_argument("--max-seconds", type=float, default=900)
     a = p.parse_args(argv)
     host, _, port = a.target.rpartition(":")
@@ -203,6 +265,13 @@ class Faults:
     def tunnels(self, n):
         c = self.c
         echo_b = self.pods["echo-b"]
+        # All the tunnels come from one client address: each needs an ephemeral port of the
+        # client pod (node-b's proxy connects to the app from the same address and port).
+        lo, hi = map(int, self.client.sh(["cat", "/proc/sys/net/ipv4/ip_local_port_range"],
+                                         in_cgroup=False).split())
+        if n > (hi - lo + 1) - 1000:
+            raise FaultError("%d tunnels from one client address need more ephemeral ports than "
+                             "%d-%d leaves; use fewer" % (n, lo, hi))
         loadgen = c.binary("sockmesh-loadgen")
         srv = echo_b.spawn("loadgen-server", [loadgen, "server", "--listen",
                                               "0.0.0.0:%d" % LOAD_PORT, "--netns-only", "yes",
@@ -214,7 +283,7 @@ class Faults:
         before = {n_.name: rss_kib(n_.proxy.pid) for n_ in c.nodes}
         fds0 = {n_.name: fd_count(n_.proxy.pid) for n_ in c.nodes}
         # Hold mode closes its tunnels when its stdin closes: a pipe we keep open.
-        cmd = ["sh", "-c", "ulimit -n 20000; echo $$ > %s/cgroup.procs && exec nsenter --net=%s "
+        cmd = ["sh", "-c", "echo $$ > %s/cgroup.procs && exec nsenter --net=%s "
                "%s client --mode hold --target %s:%d --conns %d --timeout %d --hold-seconds %d "
                "--netns-only yes" % (self.client.cgroup, self.client.netns_path, loadgen,
                                      echo_b.ip, LOAD_PORT, n, self.o.op_timeout,
@@ -292,7 +361,7 @@ class Faults:
         procs = {"proxy": [("agent-a", a.agent), ("proxy-b", self.b.proxy)],
                  "agent": [("proxy-a", a.proxy), ("proxy-b", self.b.proxy)],
                  "loader": [("agent-a", a.agent), ("proxy-a", a.proxy)]}[component]
-        return {name: (fd_count(p.pid), rss_kib(p.pid)) for name, p in procs}
+        return {name: (fd_count(p.pid), rss_kib(p.pid), fd_kinds(p.pid)) for name, p in procs}
 
     def kill_proxy_once(self, early):
         a = self.a
@@ -320,22 +389,32 @@ class Faults:
             a.start_agent(wait=True)
         return killed
 
-    def kill_loader_once(self, delay):
+    def kill_loader_once(self, delay, fresh):
+        """`sockmesh-loader install` killed delay s after it started: beside the running agent
+        (an idempotent re-install), or, fresh, on a node whose datapath was uninstalled (the
+        agent stopped first, as an upgrade that changes the maps does), so that the kill
+        lands while pins are being made. Then what the agent's next start does: install to
+        the end (fresh: the agent is started again, installs and re-enrolls its pods)."""
         a = self.a
         argv = [self.c.binary("sockmesh-loader"), "--pin-root", a.pin_root, "install",
                 "--cgroup", a.cgroup]
+        if fresh:
+            a.agent.popen.send_signal(signal.SIGKILL)
+            a.agent.popen.wait(10)
+            a.loader("uninstall", "--force")
         p = lib.Process("loader-install", argv, netns=a.netns_path,
                         log_path=os.path.join(a.dir, "loader-install.log"))
         time.sleep(delay)
         p.popen.send_signal(signal.SIGKILL)
         killed = time.time()
         code = p.popen.wait(10)
-        # What the agent's next start (or an operator) does: install again, to the end.
-        out = lib.run(argv[:1] + ["--pin-root", a.pin_root, "install", "--cgroup", a.cgroup],
-                      timeout=30, check=False)
-        self.check("sockmesh is installed" in out or "nothing changed" in out or out.strip(),
-                   "loader: the install after a kill said nothing")
-        return killed, code
+        if fresh:
+            a.start_agent(wait=True)
+        else:
+            out = lib.run(argv, timeout=30, check=False)
+            self.check("installed" in out or "attached" in out or "pinned" in out,
+                       "loader: the install after a kill failed: %s" % out[-500:])
+        return killed, code == -signal.SIGKILL
 
     def kill_loop(self, component, rounds):
         log("kill -9 loop: %s, %d rounds (seed %d)" % (component, rounds, self.o.seed))
@@ -343,6 +422,7 @@ class Faults:
         bpf0 = bpf_counts(self.node_pins())
         first = None
         windows, rows = [], []
+        landed_count = 0
         t_loop = time.monotonic()
         for i in range(rounds):
             if time.monotonic() - t_loop > self.o.max_seconds / 3:
@@ -357,8 +437,10 @@ class Faults:
             elif component == "agent":
                 killed = self.kill_agent_once(early)
             else:
-                early = round(self.rng.uniform(0.0, 0.25), 3)
-                killed, _ = self.kill_loader_once(early)
+                fresh = i % 2 == 1
+                early = round(self.rng.uniform(0.0, 0.25 if fresh else 0.1), 3)
+                killed, landed = self.kill_loader_once(early, fresh)
+                landed_count += landed
             try:
                 w = first_ok_after(probe, killed, self.o.window_limit + 10)
             except lib.ClusterError:
@@ -373,30 +455,67 @@ class Faults:
             listeners = status.count("outbound (15001)")
             self.check(listeners == 2, "%s round %d: %d pods of node-a have their outbound "
                        "listener registered, not 2:\n%s" % (component, i + 1, listeners, status))
+            # The same use before every reading: connections to both nodes from each of the
+            # client's flows, so that every worker's pooled HBONE connection exists, the new
+            # proxy's and the old one's replaced (a count taken after fewer would differ by
+            # the pool, not by a leak).
+            r = self.talk("%s:80" % lib.ECHO_VIP, conns=8)
+            self.check(r["ok"], "%s round %d: traffic after the restart: %s" % (
+                component, i + 1, r))
+            time.sleep(0.3)
             now = self.survivors(component)
             if first is None:
                 first = now
-            rows.append({"round": i + 1, "delay_s": delay,
-                         "again_at_s": early if early is not None else "",
-                         "window_s": round(w, 3) if w is not None else "none", "ok": ok})
+            if component == "loader":
+                rows.append({"round": i + 1, "delay_s": delay,
+                             "install": "fresh" if fresh else "beside the agent",
+                             "killed_at_s": early, "landed": "yes" if landed else "(it had ended)",
+                             "window_s": round(w, 3) if w is not None else "none", "ok": ok})
+            else:
+                rows.append({"round": i + 1, "delay_s": delay,
+                             "again_at_s": early if early is not None else "",
+                             "window_s": round(w, 3) if w is not None else "none", "ok": ok})
+            rows[-1]["survivors fds/RSS MiB"] = ", ".join(
+                "%s %d/%.1f" % (name, v[0], v[1] / 1024.0) for name, v in sorted(now.items()))
             log("  round %d: delay %.3f s%s, new connection after %s s" % (
                 i + 1, delay, " (again %.3f s into its start)" % early if early is not None
                 else "", "%.3f" % w if w is not None else "never"))
-        # Settle: the restarted processes finish their start, the kernel frees what died.
-        time.sleep(1.0)
-        bpf1 = bpf_counts(self.node_pins())
+        # Settle: the restarted processes finish their start, and the kernel frees the objects
+        # of what died (map and program frees are deferred work): up to 10 s for the counts to
+        # come back; what is still there after that is a leak.
+        deadline = time.monotonic() + 10
+        while True:
+            time.sleep(0.5)
+            bpf1 = bpf_counts(self.node_pins())
+            if all(len(bpf1[k]) == len(bpf0[k]) for k in bpf0) or time.monotonic() > deadline:
+                break
         for k in bpf0:
-            self.check(bpf1[k] == bpf0[k], "%s: BPF %s %d before the loop, %d after" % (
-                component, k, bpf0[k], bpf1[k]))
+            self.check(len(bpf1[k]) == len(bpf0[k]),
+                       "%s: BPF %s %d before the loop, %d after (more: %s; fewer: %s)" % (
+                           component, k, len(bpf0[k]), len(bpf1[k]), extra(bpf1[k], bpf0[k]),
+                           extra(bpf0[k], bpf1[k])))
         last = self.survivors(component)
         growth = []
         for name in first:
             dfd, drss = last[name][0] - first[name][0], last[name][1] - first[name][1]
             growth.append("%s fds %+d rss %+.1f MiB" % (name, dfd, drss / 1024.0))
-            self.check(dfd <= 2, "%s: %s's descriptors grew by %d over the rounds" % (
-                component, name, dfd))
+            self.check(dfd <= 2, "%s: %s's descriptors grew by %d over the rounds: %s" % (
+                component, name, dfd, extra(last[name][2], first[name][2])))
+            if dfd > 0:
+                log("  %s: descriptors first round -> last: +%s -%s" % (
+                    name, extra(last[name][2], first[name][2]),
+                    extra(first[name][2], last[name][2])))
             self.check(drss <= 8 * 1024, "%s: %s's RSS grew by %.1f MiB over the rounds" % (
                 component, name, drss / 1024.0))
+        # The processes that were not killed use the maps pinned now, not ones a reinstall
+        # replaced (those would be kept alive by them, and no longer be what tc reads).
+        pinned = pinned_map_ids(self.a.pin_root)
+        all_maps = {m["id"]: m.get("name") for m in json.loads(
+            lib.run(["bpftool", "-j", "map", "show"]) or "[]")}
+        for name, p in (("agent-a", self.a.agent), ("proxy-a", self.a.proxy)):
+            stale = sorted(i for i in held_map_ids(p.pid) if i not in pinned)
+            self.check(not stale, "%s: %s holds BPF maps that are no longer pinned: %s" % (
+                component, name, ["%d (%s)" % (i, all_maps.get(i)) for i in stale]))
         tmp = leftover_temp_files([self.a.run_dir, self.c.ca_dir])
         self.check(not tmp, "%s: temporary files left behind: %s" % (component, tmp))
         probe.stop(signal.SIGKILL)
@@ -408,9 +527,11 @@ class Faults:
                    "window_max_s": round(max(windows), 3) if windows else "none",
                    "probes_failed": "%d/%d" % (fails, total),
                    "bpf progs/maps/pins": "%d/%d/%d -> %d/%d/%d" % (
-                       bpf0["progs"], bpf0["maps"], bpf0["pins"], bpf1["progs"], bpf1["maps"],
-                       bpf1["pins"]),
+                       len(bpf0["progs"]), len(bpf0["maps"]), len(bpf0["pins"]),
+                       len(bpf1["progs"]), len(bpf1["maps"]), len(bpf1["pins"])),
                    "survivors first->last round": "; ".join(growth)}
+        if component == "loader":
+            summary["rounds"] = "%d (%d killed mid-install)" % (len(rows), landed_count)
         self.tables.append(("kill -9 %s (seed %d)" % (component, self.o.seed), rows))
         return summary
 
@@ -646,7 +767,7 @@ def parse(argv):
     p.add_argument("--seed", type=int, default=0, help="default: from the clock (printed)")
     p.add_argument("--window-limit", type=float, default=5.0,
                    help="the restart window a new connection must succeed in (OPERATING 5.5)")
-    p.add_argument("--per-tunnel-kib", type=int, default=24,
+    p.add_argument("--per-tunnel-kib", type=int, default=16,
                    help="the RSS per held tunnel documented in OPERATING 5.5, per proxy")
     p.add_argument("--op-timeout", type=int, default=180)
     p.add_argument("--max-seconds", type=int, default=1800)
@@ -661,6 +782,19 @@ def parse(argv):
     return o
 
 
+def raise_file_limit(need):
+    """Every process of the run (proxies, the holding client, the server) holds one descriptor
+    per tunnel: raise this process's limit, which they inherit (root may raise the hard one)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max(need, soft)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, max(want, hard)))
+    except (ValueError, OSError) as e:
+        raise FaultError("%d tunnels need an open-file limit of %d (ulimit -n is %d/%d): %s" % (
+            need - 4096, need, soft, hard, e))
+    log("open-file limit %d (was %d/%d)" % (want, soft, hard))
+
+
 def run_scenarios(o):
     """Runs the scenarios of o.only; returns (failures, markdown text)."""
     f = Faults(o)
@@ -669,6 +803,8 @@ def run_scenarios(o):
     t0 = time.monotonic()
     try:
         if any(s in only for s in ("tunnels", "kill", "upgrade")):
+            if "tunnels" in only:
+                raise_file_limit(o.tunnels + 4096)
             f.cluster()
             if "tunnels" in only:
                 f.tunnels(o.tunnels)
