@@ -305,6 +305,13 @@ class Faults:
                 report.get("conns", 0), n, report, hold.stdout.read()[-1000:]
                 if report.get("conns") != n else ""))
             if ok:
+                # Still all open at the server's end (node-b's proxy -> the app).
+                held = len([ln for ln in echo_b.sh(
+                    ["ss", "-Htn", "state", "established", "( sport = :%d )" % LOAD_PORT],
+                    in_cgroup=False).splitlines() if ln.strip()])
+                row["held_at_server"] = held
+                self.check(held >= n, "tunnels: %d of %d held tunnels reach the server" % (
+                    held, n))
                 # All held: the proxies must still take new ones.
                 r = self.talk("%s:%d" % (echo_b.ip, APP_PORT), conns=50, size=16384)
                 row["new_while_held"] = "%d/50" % (50 - r["failed"])
@@ -541,6 +548,7 @@ class Faults:
         a, c = self.a, self.c
         log("upgrade: a second proxy on node-a, then SIGTERM to the first")
         old = a.proxy
+        probe = self.start_probes()  # new connections all through the hand-over
         # Streams that end within the drain deadline (the cluster's: 3 s): a drain cuts the
         # ones that outlast it, by design (tests/e2e/test_cluster_failures.py).
         streams = [self.client.client_process("up-%d" % i, target, "--stream-seconds", 2,
@@ -577,11 +585,18 @@ class Faults:
                 broken.append(r)
         self.check(not broken, "upgrade: %d established stream(s) broke: %s" % (
             len(broken), broken[:2]))
+        t_end = time.time()
         a.proxy = new  # the cluster stops it at close
         r = self.talk("%s:80" % lib.ECHO_VIP, conns=10)
         self.check(r["ok"], "upgrade: new connections through the new proxy: %s" % r)
+        probe.stop(signal.SIGKILL)
+        during = [ok for ok, at in probe_events(probe) if t0 <= at <= t_end]
+        failed = during.count(False)
+        self.check(during and failed == 0, "upgrade: %d of %d new connections failed during "
+                   "the hand-over" % (failed, len(during)))
         row = {"streams": len(streams), "broken": len(broken), "new_ready_s": round(ready, 2),
-               "old_exit": code, "new_connections_ok": r["ok"]}
+               "old_exit": code, "new_conns_during_handover": "%d/%d ok" % (
+                   len(during) - failed, len(during)), "new_connections_after_ok": r["ok"]}
         self.tables.append(("upgrade hand-over (SO_REUSEPORT)", [row]))
         return row
 
