@@ -652,6 +652,18 @@ class Faults:
                    "disk: agent-pods.json was damaged")
         tmp = leftover_temp_files([run_a])
         self.check(not tmp, "disk: half-written files left in the run dir: %s" % tmp)
+        # A restart while it is full: the agent starts (its sockets need no blocks), says that
+        # it cannot save, and serves; a pod added now is enrolled.
+        a.agent.popen.send_signal(signal.SIGKILL)
+        a.agent.popen.wait(10)
+        a.start_agent(wait=True)
+        self.check("saving pod records" in a.agent.log() and "No space left" in a.agent.log(),
+                   "disk: the agent restarted on a full run dir did not say so")
+        newpod3 = c.add_pod("node-a", "shop", "full-2", "client")
+        newpod3.serve(APP_PORT)
+        r = self.talk("%s:%d" % (newpod3.ip, APP_PORT))
+        self.check(r["ok"], "disk: a pod added after a restart on a full run dir: %s" % r)
+        row["restart_when_full"] = "started, pod enrolled" if r["ok"] else "failed"
         os.unlink(filler)
         # Read-only: a read-only bind mount on top (the agent keeps its lock file open for
         # writing, so the tmpfs itself cannot be remounted read-only).
@@ -685,7 +697,7 @@ class Faults:
         lib.run(["umount", run_a])
         a.start_agent(wait=True)
         log_text = a.agent.log()
-        for p in (newpod, newpod2):
+        for p in (newpod, newpod2, newpod3):
             # Its records could not be written: adopted from the workload map, by uid.
             self.check("adopted enrolled pod %s" % p.uid in log_text,
                        "disk: the restarted agent did not adopt %s" % p)
@@ -693,7 +705,7 @@ class Faults:
                    "disk: the agent found its records unreadable after the faults")
         rec = json.loads(open(records).read())
         names = sorted(p["uid"] for p in rec["pods"])
-        self.check(newpod.uid in names and newpod2.uid in names,
+        self.check(newpod.uid in names and newpod2.uid in names and newpod3.uid in names,
                    "disk: the records after the restart lack the new pods: %s" % names)
         r = self.talk("%s:%d" % (newpod.ip, APP_PORT))
         self.check(r["ok"], "disk: traffic after the agent's restart: %s" % r)
