@@ -1,5 +1,6 @@
 #include "loader/agent/files.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -86,6 +87,23 @@ maps::Status write_file_atomic(const std::string& path, const std::string& conte
     return Error::from_errno(err, "renaming " + tmp + " to " + path);
   }
   return {};
+}
+
+std::vector<std::string> remove_stale_temp_files(const std::string& path) {
+  std::vector<std::string> removed;
+  auto slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  const std::string prefix = (slash == std::string::npos ? path : path.substr(slash + 1)) + ".tmp.";
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return removed;
+  while (dirent* e = readdir(d)) {
+    std::string name = e->d_name;
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    // unlink(2) removes a symlink itself, never what it points to.
+    if (unlinkat(dirfd(d), name.c_str(), 0) == 0) removed.push_back(dir + "/" + name);
+  }
+  closedir(d);
+  return removed;
 }
 
 maps::Result<std::string> read_file(const std::string& path) {

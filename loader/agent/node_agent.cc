@@ -32,6 +32,14 @@ NodeAgent::NodeAgent(AgentOptions options, Enroller* enroller,
 
 maps::Status NodeAgent::start() {
   std::lock_guard lock(mu_);
+  // This agent owns the run dir now (run.cc claimed its CNI socket first): a temporary file
+  // of its files is what an agent killed mid-write left, never read, and gone only if removed.
+  for (const auto* file : {&options_.state_file, &options_.hints_file}) {
+    if (file->empty()) continue;
+    for (const auto& name : remove_stale_temp_files(*file)) {
+      SM_INFO("agent") << "removed " << name << ": left by an agent that stopped while writing it";
+    }
+  }
   if (!options_.state_file.empty()) {
     auto loaded = load_pod_records(options_.state_file);
     if (loaded) {

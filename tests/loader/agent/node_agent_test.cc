@@ -458,6 +458,32 @@ TEST_F(NodeAgentTest, ARestartedAgentAdoptsWhatLivesAndCleansUpWhatDoesNot) {
   EXPECT_TRUE(enroller_.workload_map().empty());
 }
 
+// An agent killed with kill -9 while it wrote its records or hints leaves the temporary file of
+// that write behind (bench/faults.py's kill loop found one after 20 rounds). Nobody reads it,
+// but each such kill would leave another: the next agent, which owns the run dir, removes them,
+// and nothing else.
+TEST_F(NodeAgentTest, AStartRemovesTheTemporaryFilesOfAKilledAgentsWrites) {
+  {
+    auto agent = make_agent();
+    agent->update_labels(ViewBuilder().ns("shop", kAmbient).known("shop", {"a"}).build());
+    agent->handle(event(cni::Command::kAdd, "shop", "a", netns(1), "10.0.0.1"));
+  }
+  namespace fs = std::filesystem;
+  const fs::path stale_records = dir_ / "pods.json.tmp.4242.0123456789abcdef";
+  const fs::path stale_hints = dir_ / "hints.json.tmp.4242.fedcba9876543210";
+  const fs::path other = dir_ / "pods.json.bak";
+  std::ofstream(stale_records) << "{\"version\": 1, \"pods\": [";  // cut mid-write
+  std::ofstream(stale_hints) << "";
+  std::ofstream(other) << "not ours to remove";
+
+  auto agent = make_agent();
+  EXPECT_FALSE(fs::exists(stale_records));
+  EXPECT_FALSE(fs::exists(stale_hints));
+  EXPECT_TRUE(fs::exists(other));
+  ASSERT_EQ(agent->pods().count("uid-a"), 1u);  // the whole records were read, not the stale ones
+  EXPECT_TRUE(agent->pods().at("uid-a").enrolled);
+}
+
 TEST_F(NodeAgentTest, PublishesNamespaceHintsForThePlugin) {
   auto agent = make_agent();
   agent->update_labels(
