@@ -8,8 +8,8 @@
  * outbound listener (15001); later packets find the proxy's accepted socket by the usual lookup.
  *
  * Inbound: a SYN from the wire to any port but the proxy's own is assigned to the proxy's inbound
- * plaintext listener (15006). HBONE (15008), known flows and SYNs from the node's own addresses
- * (sm_node_addrs: the kubelet's probes) pass untouched.
+ * plaintext listener (15006). HBONE (15008), known flows and SYNs from the probe SNAT addresses
+ * (sm_node_addrs: the kubelet's probes, SNATed on the node) pass untouched.
  *
  * A SYN whose 4-tuple is held by a TIME_WAIT socket (one of the proxy's own sockets in the pod,
  * which closed first) is not assigned: the listener would drop it as a duplicate of the TIME_WAIT
@@ -54,7 +54,7 @@ static __always_inline bool sm_is_proxy_port(__u16 port) {
   return port == SM_PORT_HBONE || port == SM_PORT_OUTBOUND || port == SM_PORT_INBOUND_PLAIN;
 }
 
-/* Connections from the node itself (the kubelet's probes) reach the app uncaptured. */
+/* The kubelet's probes (SNATed to the probe address on the node) reach the app uncaptured. */
 static __always_inline bool sm_is_node_exempt(const struct sm_ip* ip) {
   __u32* node = bpf_map_lookup_elem(&sm_node_addrs, ip);
   return node && (*node & SM_NODE_ADDR_EXEMPT);

@@ -46,7 +46,7 @@ commands:
   run         [--run-dir DIR] [--labels-from kubernetes|config|auto] [--config FILE]
               [--kubeconfig FILE] [--node NAME] [--exclude-namespaces NS,...]
               [--trust-domain TD] [--zds-socket PATH] [--no-install] [--cgroup DIR]
-              [--no-bypass] [--fail-open] [--capture-node-traffic]
+              [--no-bypass] [--fail-open] [--capture-node-traffic] [--probe-cgroup PATH]
               [--uninstall-when-removed NAMESPACE/DAEMONSET]
               the node agent: installs the datapath (unless --no-install), then enrolls pods as
               the sockmesh-cni plugin reports them (socket <run dir, default /var/run/sockmesh>/
@@ -55,8 +55,11 @@ commands:
               embedded default without it). Serves ZDS on --zds-socket (Istio's path is
               /var/run/ztunnel/ztunnel.sock): the proxy connects there and is handed the pods.
               Runs until SIGTERM/SIGINT; a restarted agent adopts what it enrolled.
-              Connections from the node's own addresses (the kubelet's probes) reach pods
-              uncaptured; --capture-node-traffic captures them like any other.
+              The kubelet's probes reach pods uncaptured: connections from the cgroup v2
+              --probe-cgroup (relative to its mount; default system.slice/kubelet.service) to
+              enrolled pods are SNATed (iptables) to 169.254.7.127 / fd16:9254:7127:1337:ffff:
+              ffff:ffff:ffff, which capture exempts; any other process on the node is captured.
+              --capture-node-traffic exempts nothing: probes are captured like any other.
               --uninstall-when-removed: at SIGTERM the agent asks the API (in-cluster, or
               --kubeconfig) for that DaemonSet; gone or being deleted means an uninstall, and the
               agent unenrolls every pod and removes the datapath. Present, or no answer: the
@@ -216,7 +219,8 @@ int run_agent(const std::string& root, const Args& args) {
   options.install.bypass = !args.flag("--no-bypass");
   options.install.fail_open = args.flag("--fail-open");
   options.skip_install = args.flag("--no-install");
-  options.exempt_node_addresses = !args.flag("--capture-node-traffic");
+  options.exempt_probes = !args.flag("--capture-node-traffic");
+  options.probe_cgroup = args.value("--probe-cgroup", options.probe_cgroup);
   options.run_dir = args.value("--run-dir", options.run_dir);
   options.labels_from = args.value("--labels-from", options.labels_from);
   options.config_path = args.value("--config");
@@ -238,7 +242,8 @@ int run_agent(const std::string& root, const Args& args) {
     agent::ZdsServerOptions zds_options;
     zds_options.socket_path = zds;
     auto server = agent::ZdsServer::listen(zds_options);
-    if (!server) return fail(maps::Error{server.error().code, "--zds-socket: " + server.error().message});
+    if (!server)
+      return fail(maps::Error{server.error().code, "--zds-socket: " + server.error().message});
     handoff = std::move(server).value();
   }
   return agent::run_agent(options, std::move(handoff));

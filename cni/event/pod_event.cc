@@ -69,12 +69,13 @@ std::string dump(const Json& j, int indent = -1) {
 bool check_version(const Json& j, std::string* error) {
   auto it = j.find("version");
   if (it == j.end() || !it->is_number_integer()) {
-    *error = "missing or non-integer field \"version\"";
+    *error = "missing or non-integer field \"version\"" +
+             (it == j.end() ? std::string() : " (got " + it->dump() + ")");
     return false;
   }
-  if (it->get<int>() != kProtocolVersion) {
-    *error = "protocol version " + std::to_string(it->get<int>()) + " is not " +
-             std::to_string(kProtocolVersion) +
+  // Compared as a JSON number: get<int>() would truncate 4294967297 to 1.
+  if (*it != kProtocolVersion) {
+    *error = "protocol version " + it->dump() + " is not " + std::to_string(kProtocolVersion) +
              ": sockmesh-cni and the node agent come from different releases";
     return false;
   }

@@ -1,10 +1,9 @@
 #include "cni/plugin/plugin.h"
 
 #include <algorithm>
-#include <fstream>
 #include <optional>
-#include <sstream>
 
+#include "base/regular_file.h"
 #include "cni/event/pod_event.h"
 #include "cni/plugin/agent_client.h"
 
@@ -50,16 +49,6 @@ std::optional<CniError> require_env(const CniEnv& env, std::initializer_list<con
                   "required environment variable(s) not set: " + missing +
                       ". sockmesh-cni is run by the container runtime, which sets them",
                   "CNI_COMMAND=" + env.command};
-}
-
-// What the agent last published; nullopt when there is no usable file.
-std::optional<NamespaceHints> read_hints(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string error;
-  return decode_namespace_hints(text.str(), &error);
 }
 
 bool contains(const std::vector<std::string>& list, const std::string& item) {
@@ -129,7 +118,8 @@ std::optional<CniError> enroll_or_skip(Invocation& inv, const NetConf& conf, Com
   }
   // The agent could not decide. Let the pod start only when it is certainly not to be enrolled.
   const std::string why = describe(call);
-  if (auto hints = read_hints(conf.namespace_hints)) {
+  std::string hints_error;  // no usable hints: decided as without them
+  if (auto hints = read_namespace_hints(conf.namespace_hints, &hints_error)) {
     if (contains(hints->excluded, pod.namespace_name) ||
         (contains(hints->other, pod.namespace_name) &&
          !contains(hints->ambient, pod.namespace_name))) {
@@ -223,6 +213,19 @@ PluginOutput run_plugin(const CniEnv& env, std::string_view stdin_text) {
   if (auto e = enroll_or_skip(inv, conf, *command, pod, std::move(ips))) return inv.fail(*e);
   if (*command == Command::kAdd) inv.out.stdout_text = conf.prev_result->dump() + "\n";
   return inv.out;
+}
+
+std::optional<NamespaceHints> read_namespace_hints(const std::string& path, std::string* error) {
+  // Non-blocking and regular files only: a FIFO in its place must not hang the runtime's ADD.
+  std::string text;
+  if (int err = read_regular_file(path, kNoFileSizeLimit, &text); err != 0) {
+    if (error != nullptr) *error = path + ": " + regular_file_error_text(err);
+    return std::nullopt;
+  }
+  std::string why;
+  auto hints = decode_namespace_hints(text, &why);
+  if (!hints && error != nullptr) *error = path + ": " + why;
+  return hints;
 }
 
 }  // namespace sockmesh::cni

@@ -19,8 +19,11 @@
 // namespace as known and not ambient; every other pod fails ADD with code 11 so that the runtime
 // retries until the agent is back. (A pod that opts in by its own label in a namespace that is not
 // ambient starts outside the mesh in that window; the agent enrolls it when it is back.)
+#include <optional>
 #include <string>
 #include <string_view>
+
+#include "cni/event/pod_event.h"
 
 #include "cni/plugin/netconf.h"
 
@@ -33,5 +36,10 @@ struct PluginOutput {
 };
 
 PluginOutput run_plugin(const CniEnv& env, std::string_view stdin_text);
+
+// The namespace hints the agent last published (used when the agent cannot be asked); nullopt
+// and *error when the file is missing, unreadable, not a regular file (a FIFO is refused at once,
+// not waited on) or not valid hints.
+std::optional<NamespaceHints> read_namespace_hints(const std::string& path, std::string* error);
 
 }  // namespace sockmesh::cni

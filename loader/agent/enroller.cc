@@ -12,6 +12,7 @@
 #include "base/log.h"
 #include "loader/attach/netns.h"
 #include "loader/attach/pod.h"
+#include "loader/attach/probe_snat.h"
 #include "loader/maps/node_addrs.h"
 
 namespace sockmesh::agent {
@@ -62,44 +63,65 @@ maps::Status LoaderEnroller::enroll(const PodRecord& pod, const std::string& tru
     }
     return report.error();
   }
-  refresh_node_addresses();
+  refresh_probe_exemption();
   return {};
 }
 
-void LoaderEnroller::refresh_node_addresses() {
-  if (!options_.exempt_node_addresses) return;
+void LoaderEnroller::refresh_probe_exemption() {
+  if (!options_.exempt_probes) return;
   // Only from the node's own netns (this thread may have visited a pod's).
   struct stat st {};
   if (stat("/proc/thread-self/ns/net", &st) != 0 || st.st_dev != host_dev_ ||
       st.st_ino != host_ino_) {
     return;
   }
-  auto addresses = maps::own_addresses();
-  if (!addresses) {
-    SM_WARN("agent") << "listing the node's addresses: " << addresses.error().message;
-    return;
+  std::lock_guard<std::mutex> lock(probe_mutex_);
+  auto fail = [&](const std::string& why) {
+    if (why == probe_error_) return;
+    probe_error_ = why;
+    SM_WARN("agent") << "kubelet probes are not exempt from capture (the policy applies to them): "
+                     << why;
+  };
+  if (!probe_map_written_) {
+    auto map = maps::NodeAddrMap::open(options_.pin_root);
+    if (!map) return fail(map.error().message);
+    auto changed = map->replace({loader::probe_snat_v4(), loader::probe_snat_v6()});
+    if (!changed) return fail("updating " SM_MAP_NODE_ADDRS ": " + changed.error().message);
+    probe_map_written_ = true;
   }
-  auto map = maps::NodeAddrMap::open(options_.pin_root);
-  if (!map) {
-    SM_WARN("agent") << "node addresses not exempt from capture: " << map.error().message;
-    return;
+  auto id = loader::cgroup_id(options_.probe_cgroup);
+  if (!id) return fail(id.error().message + " (--probe-cgroup names the kubelet's cgroup)");
+  auto enrolled = list();
+  if (!enrolled) return fail("listing the enrolled pods: " + enrolled.error().message);
+  std::set<IpAddress> pods;
+  for (const auto& e : *enrolled) {
+    if (e.record.enrolled) pods.insert(e.ip);
   }
-  auto changed = map->replace(*addresses);
-  if (!changed) {
-    SM_WARN("agent") << "updating the node addresses: " << changed.error().message;
-  } else if (*changed != 0) {
-    std::string list;
-    for (const auto& ip : *addresses) list += (list.empty() ? "" : " ") + ip.to_string();
-    SM_INFO("agent") << "inbound connections from the node's addresses reach pods uncaptured "
-                        "(kubelet probes): "
-                     << list;
+  if (*id == probe_cgroup_id_ && pods == probe_pods_) return;
+  if (auto applied = loader::apply_probe_snat(options_.probe_cgroup, pods); !applied) {
+    probe_cgroup_id_ = 0;  // written again next time
+    return fail("SNAT rules in the node's netns: " + applied.error().message);
   }
+  bool cgroup_changed = probe_cgroup_id_ != 0 && *id != probe_cgroup_id_;
+  probe_cgroup_id_ = *id;
+  probe_pods_ = std::move(pods);
+  probe_error_.clear();
+  SM_INFO("agent") << "kubelet probes: connections from cgroup " << options_.probe_cgroup
+                   << (cgroup_changed ? " (made anew)" : "") << " to the " << probe_pods_.size()
+                   << " enrolled pod address(es) are SNATed to "
+                   << loader::probe_snat_v4().to_string() << " / "
+                   << loader::probe_snat_v6().to_string()
+                   << ", which capture exempts; connections from any other process on the node "
+                      "are captured";
 }
 
 maps::Status LoaderEnroller::unenroll(const PodRecord& pod) {
   std::string netns = pod.netns_path.empty() ? "/nonexistent" : pod.netns_path;
   auto report = loader::unenroll(options_.pin_root, netns, pod.ifname, pod.ips);
-  if (report) return {};
+  if (report) {
+    refresh_probe_exemption();
+    return {};
+  }
   // The netns exists but is not what enroll saw (its device is gone, say): at least switch
   // capture off by removing the records, which is what the tc programs look at.
   SM_WARN("agent") << "unenroll " << pod.who() << " in " << pod.netns_path << ": "
@@ -109,6 +131,7 @@ maps::Status LoaderEnroller::unenroll(const PodRecord& pod) {
   for (const auto& ip : pod.ips) {
     if (auto removed = workloads->remove(ip); !removed) return removed.error();
   }
+  refresh_probe_exemption();
   return {};
 }
 

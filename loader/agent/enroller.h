@@ -5,6 +5,8 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -51,9 +53,12 @@ struct LoaderEnrollerOptions {
   std::string host_netns = "/proc/self/ns/net";
   // Where runtimes bind-mount pod namespaces (containerd, CRI-O: /var/run/netns/cni-...).
   std::vector<std::string> netns_dirs = {"/run/netns", "/var/run/netns"};
-  // Keep SM_MAP_NODE_ADDRS equal to the node's addresses, so that connections from the node
-  // (the kubelet's probes) reach pods uncaptured. Off: they are captured like any other.
-  bool exempt_node_addresses = true;
+  // The kubelet's probes reach pods uncaptured: capture exempts the probe SNAT addresses
+  // (SM_MAP_NODE_ADDRS), and connections from `probe_cgroup` (cgroup v2, relative to its mount)
+  // to enrolled pods are SNATed to them in the node's netns (loader/attach/probe_snat.h). Off:
+  // nothing is exempt, probes are captured like any other connection.
+  bool exempt_probes = true;
+  std::string probe_cgroup = "system.slice/kubelet.service";
   std::string proc_root = "/proc";
 };
 
@@ -69,12 +74,19 @@ class LoaderEnroller : public Enroller {
   bool is_host_netns(const std::string& path) override;
   FoundNetns find_netns(uint64_t cookie, uint32_t ifindex) override;
 
-  // Writes the node's current addresses into SM_MAP_NODE_ADDRS (when exempt_node_addresses; a
-  // pod's first ADD may have just created the bridge and its address). Logs what changed.
-  void refresh_node_addresses();
+  // When exempt_probes: the probe addresses in SM_MAP_NODE_ADDRS, and the SNAT rules for the
+  // enrolled pods written again when the pods or the probe cgroup (a restarted kubelet) changed.
+  // Called after each enroll and unenroll, and periodically. Logs what changed, and a failure
+  // once until it changes.
+  void refresh_probe_exemption();
 
  private:
   LoaderEnrollerOptions options_;
+  std::mutex probe_mutex_;  // the agent's threads: CNI events, the sweep
+  bool probe_map_written_ = false;
+  uint64_t probe_cgroup_id_ = 0;  // of the rules last written; 0: none
+  std::set<IpAddress> probe_pods_;
+  std::string probe_error_;  // the last failure logged
   dev_t host_dev_ = 0;
   ino_t host_ino_ = 0;
 };

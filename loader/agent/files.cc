@@ -2,41 +2,19 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
-#include <cstdint>
 #include <cstring>
 
+#include "base/atomic_file.h"
+#include "base/regular_file.h"
 #include "loader/maps/unique_fd.h"
 
 namespace sockmesh::agent {
 
 using maps::Error;
-
-namespace {
-
-std::string random_suffix() {
-  unsigned char r[8] = {};
-  if (getrandom(r, sizeof r, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof r)) {
-    // No entropy yet (early boot): the clock still makes the name hard to guess ahead of time;
-    // O_EXCL keeps it safe either way.
-    uint64_t t = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-    std::memcpy(r, &t, sizeof r);
-  }
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string s;
-  for (unsigned char c : r) {
-    s.push_back(kDigits[c >> 4]);
-    s.push_back(kDigits[c & 0xf]);
-  }
-  return s;
-}
-
-}  // namespace
 
 maps::Status make_dirs(const std::string& dir) {
   if (dir.empty()) return {};
@@ -59,33 +37,8 @@ maps::Status write_file_atomic(const std::string& path, const std::string& conte
   }
   // A fresh name, created exclusively and never through a symlink: a name that someone else
   // planted (a link to a file we would then overwrite) makes this fail instead.
-  std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." + random_suffix();
-  {
-    maps::UniqueFd fd(
-        open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode));
-    if (!fd) return Error::from_errno(errno, "creating " + tmp);
-    size_t done = 0;
-    while (done < content.size()) {
-      ssize_t n = write(fd.get(), content.data() + done, content.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        int err = errno;
-        unlink(tmp.c_str());
-        return Error::from_errno(err, "writing " + tmp);
-      }
-      done += static_cast<size_t>(n);
-    }
-    if (fchmod(fd.get(), mode) != 0 || fsync(fd.get()) != 0) {
-      int err = errno;
-      unlink(tmp.c_str());
-      return Error::from_errno(err, "finishing " + tmp);
-    }
-  }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    unlink(tmp.c_str());
-    return Error::from_errno(err, "renaming " + tmp + " to " + path);
-  }
+  auto written = sockmesh::write_file_atomic(path, content, mode);
+  if (!written) return Error{written.error().code, written.error().message};
   return {};
 }
 
@@ -107,20 +60,11 @@ std::vector<std::string> remove_stale_temp_files(const std::string& path) {
 }
 
 maps::Result<std::string> read_file(const std::string& path) {
-  maps::UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) {
-    int err = errno;
-    return Error{err, err == ENOENT ? path + " does not exist"
-                                    : Error::from_errno(err, "opening " + path).message};
-  }
+  // Non-blocking and regular files only: a FIFO planted in the run dir must not hang the agent.
   std::string out;
-  char buf[16384];
-  for (;;) {
-    ssize_t n = read(fd.get(), buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Error::from_errno(errno, "reading " + path);
-    if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
+  if (int err = read_regular_file(path, kNoFileSizeLimit, &out); err != 0) {
+    if (err == ENOENT) return Error{err, path + " does not exist"};
+    return Error{err, "reading " + path + ": " + regular_file_error_text(err)};
   }
   return out;
 }

@@ -134,9 +134,10 @@ int run_agent(const RunOptions& options, std::unique_ptr<WorkloadHandoff> handof
   if (!source) return fail(error);
 
   LoaderEnrollerOptions enroller_options{options.install.pin_root};
-  enroller_options.exempt_node_addresses = options.exempt_node_addresses;
+  enroller_options.exempt_probes = options.exempt_probes;
+  enroller_options.probe_cgroup = options.probe_cgroup;
   LoaderEnroller enroller(enroller_options);
-  enroller.refresh_node_addresses();
+  enroller.refresh_probe_exemption();
   ProcPodNetnsFinder finder;
   AgentOptions agent_options;
   agent_options.excluded_namespaces = options.excluded_namespaces;
@@ -166,6 +167,7 @@ int run_agent(const RunOptions& options, std::unique_ptr<WorkloadHandoff> handof
     int sig = sigtimedwait(&signals, nullptr, &wait);
     if (sig == SIGTERM || sig == SIGINT) break;
     agent.sweep();
+    enroller.refresh_probe_exemption();  // a restarted kubelet has a new cgroup
   }
   bool uninstall = !options.uninstall_when_removed.empty() && stop_is_uninstall(options);
   if (!uninstall) {

@@ -23,7 +23,8 @@ struct RunOptions {
   std::string node_name;             // kubernetes: this node (default $NODE_NAME, hostname)
   std::vector<std::string> excluded_namespaces = {"kube-system"};
   std::string trust_domain = "cluster.local";
-  bool exempt_node_addresses = true;  // the kubelet's probes from the node reach pods uncaptured
+  bool exempt_probes = true;  // the kubelet's probes from the node reach pods uncaptured
+  std::string probe_cgroup = "system.slice/kubelet.service";  // the kubelet's cgroup (v2)
   // "<namespace>/<daemonset>": at SIGTERM, ask the API whether this DaemonSet is still there; if
   // it is gone or being deleted (an uninstall, not an upgrade), unenroll every pod and remove the
   // datapath. Empty: the datapath always stays (a restarted agent adopts it).

@@ -2,7 +2,6 @@
 
 #include <arpa/inet.h>
 #include <bpf/bpf.h>
-#include <ifaddrs.h>
 #include <netinet/in.h>
 
 #include <cstring>
@@ -53,27 +52,6 @@ Result<size_t> NodeAddrMap::replace(const std::set<IpAddress>& addresses) {
     ++changed;
   }
   return changed;
-}
-
-Result<std::set<IpAddress>> own_addresses() {
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return Error::from_errno(errno, "getifaddrs");
-  std::set<IpAddress> out;
-  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
-    if (a->ifa_addr == nullptr) continue;
-    if (a->ifa_addr->sa_family == AF_INET) {
-      const auto* sin = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
-      out.insert(IpAddress::v4(ntohl(sin->sin_addr.s_addr)));
-    } else if (a->ifa_addr->sa_family == AF_INET6) {
-      const auto* sin6 = reinterpret_cast<const sockaddr_in6*>(a->ifa_addr);
-      if (IN6_IS_ADDR_LINKLOCAL(&sin6->sin6_addr)) continue;  // not a probe source here
-      std::array<uint8_t, 16> b{};
-      std::memcpy(b.data(), &sin6->sin6_addr, 16);
-      out.insert(IpAddress::from_bytes16(b));
-    }
-  }
-  freeifaddrs(list);
-  return out;
 }
 
 }  // namespace sockmesh::maps

@@ -1,7 +1,8 @@
 #pragma once
-// The node's own addresses (SM_MAP_NODE_ADDRS): inbound connections from them reach an enrolled
-// pod's app without capture, so that the kubelet's probes are not subject to mesh policy (Istio
-// exempts probes the same way). The node agent keeps the set equal to its netns's addresses.
+// The addresses capture exempts (SM_MAP_NODE_ADDRS): inbound connections from them reach an
+// enrolled pod's app without capture, so that the kubelet's probes are not subject to mesh policy
+// (Istio exempts probes the same way). The node agent writes the two probe SNAT addresses only
+// (loader/attach/probe_snat.h), never the node's own: a host-network process is captured.
 #include <set>
 #include <string>
 #include <vector>
@@ -25,8 +26,5 @@ class NodeAddrMap {
   explicit NodeAddrMap(PinnedMap map) : map_(std::move(map)) {}
   PinnedMap map_;
 };
-
-// The addresses of this process's network namespace (getifaddrs), loopback included.
-Result<std::set<IpAddress>> own_addresses();
 
 }  // namespace sockmesh::maps

@@ -362,6 +362,9 @@ class Node:
         self.netns_path = "/run/netns/" + self.netns
         self.cgroup = os.path.join(cluster.cgroup, name)
         self.proxy_cgroup = os.path.join(self.cgroup, "proxy")
+        # The node's kubelet: the agent SNATs connections from this cgroup to enrolled pods to
+        # the probe address, which capture exempts (beside the node's cgroup, as the agent's).
+        self.kubelet_cgroup = os.path.join(cluster.cgroup, "kubelet-" + name)
         self.pin_root = os.path.join(bpffs_root(), "%s-%s" % (cluster.id, name))
         self.dir = os.path.join(cluster.work, name)
         self.run_dir = os.path.join(self.dir, "run")
@@ -382,6 +385,12 @@ class Node:
 
     def sh(self, argv, timeout=30, check=True):
         return run(["nsenter", "--net=" + self.netns_path] + argv, timeout=timeout, check=check)
+
+    def kubelet_sh(self, argv, timeout=30, check=True):
+        """Runs a command as the node's kubelet would: in the node's netns and its cgroup."""
+        command = 'echo $$ > %s/cgroup.procs && exec nsenter --net=%s "$@"' % (
+            self.kubelet_cgroup, self.netns_path)
+        return run(["sh", "-c", command, "kubelet"] + argv, timeout=timeout, check=check)
 
     # ---- the node's processes ----
 
@@ -432,7 +441,8 @@ class Node:
         argv = [c.binary("sockmesh-loader"), "--pin-root", self.pin_root, "--log-level", "info",
                 "run", "--run-dir", self.run_dir, "--labels-from", "config",
                 "--config", c.config_path, "--node", self.name,
-                "--zds-socket", self.zds_socket, "--cgroup", self.cgroup]
+                "--zds-socket", self.zds_socket, "--cgroup", self.cgroup,
+                "--probe-cgroup", os.path.relpath(self.kubelet_cgroup, cgroup2_mount())]
         if not c.bypass:
             argv.append("--no-bypass")
         argv += list(extra)
@@ -611,6 +621,7 @@ class Cluster:
         for d in (n.run_dir, n.conf_dir, n.bin_dir):
             os.makedirs(d, exist_ok=True)
         os.makedirs(n.proxy_cgroup)
+        os.makedirs(n.kubelet_cgroup)
         self._made["installs"].append(n)
         # The node's own CNI network before sockmesh: bridge + host-local, as a cluster has it.
         base = {"cniVersion": "1.0.0", "name": "pod-network", "plugins": [{

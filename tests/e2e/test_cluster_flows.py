@@ -167,28 +167,55 @@ class Flows(ClusterCase):
                         [ln for ln in self.a.proxy.log().splitlines()
                          if "deny-legacy-b" in ln], "no log line names the denying policy")
 
-    def test_probes_from_the_node_reach_the_app_uncaptured_even_when_policy_denies_all(self):
-        import json
-        import cluster
-        echo_a, legacy = self.pods["echo-a"], self.pods["legacy-b"]
-        # Only sa/nobody may talk to shop's pods: every captured connection is refused.
+    def deny_all_but_nobody(self):
+        """Only sa/nobody may talk to shop's pods: every captured connection is refused."""
         self.cluster.set_policies([{"name": "only-nobody", "namespace": "shop",
                                     "scope": "Namespace", "action": "Allow", "rules": [[[
                                         {"principals": ["cluster.local/ns/shop/sa/nobody"]}]]]}])
-        r = legacy.client("%s:%d" % (echo_a.ip, APP_PORT), "--bytes", 4096, "--timeout", 5)
+        r = self.pods["legacy-b"].client("%s:%d" % (self.pods["echo-a"].ip, APP_PORT),
+                                         "--bytes", 4096, "--timeout", 5)
         self.assertFalse(r["ok"], "the policy did not refuse captured traffic: %s" % r)
+
+    def client_from_the_node(self, target, kubelet):
+        """podapp's client in node-a's netns, from its own address on the pods' bridge; in the
+        kubelet's cgroup or outside it (any other host-network process)."""
+        import json
+        import cluster
+        argv = [cluster.PYTHON, cluster.PODAPP, "client", "--target", target, "--bytes", "1024",
+                "--timeout", "5"]
+        out = (self.a.kubelet_sh if kubelet else self.a.sh)(argv, check=False)
+        return json.loads(out.strip().splitlines()[-1])
+
+    def test_probes_from_the_kubelet_reach_the_app_uncaptured_even_when_policy_denies_all(self):
+        echo_a = self.pods["echo-a"]
+        self.deny_all_but_nobody()
         captured = self.a.datapath_counter("captured_inbound")
         exempt = self.a.datapath_counter("node_exempt")
-        # The kubelet's probe: from node-a's own address on the pods' bridge.
-        out = self.a.sh([cluster.PYTHON, cluster.PODAPP, "client", "--target",
-                         "%s:%d" % (echo_a.ip, APP_PORT), "--bytes", "1024", "--timeout", "5"],
-                        check=False)
-        probe = json.loads(out.strip().splitlines()[-1])
-        self.assertTrue(probe["ok"], "the probe from the node failed: %s" % probe)
-        self.assertEqual(probe["seen_as"], [self.a.gateway], "the app sees the node's address")
+        probe = self.client_from_the_node("%s:%d" % (echo_a.ip, APP_PORT), kubelet=True)
+        self.assertTrue(probe["ok"], "the kubelet's probe failed: %s" % probe)
+        # SNAT in the node's netns: the app sees the probe address, not the node's.
+        self.assertEqual(probe["seen_as"], ["169.254.7.127"], "the app sees the probe address")
         self.assertEqual(self.a.datapath_counter("node_exempt") - exempt, 1)
         self.assertEqual(self.a.datapath_counter("captured_inbound"), captured)
-        self.assertIn("reach pods uncaptured", self.a.agent.log())
+        self.assertIn("kubelet probes", self.a.agent.log())
+
+    def test_a_host_network_process_cannot_bypass_policy_to_an_enrolled_pod(self):
+        """A process in the node's netns, from the node's address, outside the kubelet's cgroup:
+        captured like any other client, so the policy refuses it."""
+        echo_a = self.pods["echo-a"]
+        self.deny_all_but_nobody()
+        captured = self.a.datapath_counter("captured_inbound")
+        exempt = self.a.datapath_counter("node_exempt")
+        r = self.client_from_the_node("%s:%d" % (echo_a.ip, APP_PORT), kubelet=False)
+        self.assertFalse(r["ok"], "a host-network process bypassed the policy: %s" % r)
+        self.assertEqual(self.a.datapath_counter("node_exempt"), exempt)
+        self.assertGreaterEqual(self.a.datapath_counter("captured_inbound") - captured, 1)
+        # Without the policy the same process gets through, captured (plaintext on 15006).
+        self.cluster.set_policies([])
+        r = self.client_from_the_node("%s:%d" % (echo_a.ip, APP_PORT), kubelet=False)
+        self.assertTrue(r["ok"], "with no policy the node's client failed: %s" % r)
+        self.assertEqual(r["seen_as"], [self.a.gateway], "captured, source address kept")
+        self.assertEqual(self.a.datapath_counter("node_exempt"), exempt)
 
     def test_500_concurrent_connections_across_nodes_each_intact(self):
         opened = metric_value(self.b.metrics(), "istio_tcp_connections_opened_total",

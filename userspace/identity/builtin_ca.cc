@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/errno_text.h"
 #include "base/log.h"
 #include "identity/file_util.h"
 
@@ -114,11 +115,11 @@ Status prepare_dir(const std::filesystem::path& dir) {
   std::error_code ec;
   if (dir.has_parent_path()) std::filesystem::create_directories(dir.parent_path(), ec);
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return Error{"creating state directory " + dir.string() + ": " + files::errno_text(errno)};
+    return Error{"creating state directory " + dir.string() + ": " + errno_text(errno)};
   }
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) {
-    return Error{"state directory " + dir.string() + ": " + files::errno_text(errno)};
+    return Error{"state directory " + dir.string() + ": " + errno_text(errno)};
   }
   if (!S_ISDIR(st.st_mode)) return Error{"state directory " + dir.string() + " is not a directory"};
   if (st.st_uid != ::geteuid()) {
@@ -142,7 +143,7 @@ Status prepare_dir(const std::filesystem::path& dir) {
   if ((st.st_mode & 077) != 0) {
     if (::chmod(dir.c_str(), 0700) != 0) {
       return Error{"restricting state directory " + dir.string() +
-                   " to mode 0700: " + files::errno_text(errno)};
+                   " to mode 0700: " + errno_text(errno)};
     }
     SM_INFO(kScope) << "restricted state directory to mode 0700 dir=" << dir.string();
   }

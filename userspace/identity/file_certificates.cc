@@ -132,11 +132,15 @@ void FileCertificates::refresh() {
   auto stamp = files::stamp(path);
   {
     std::lock_guard lock(mu_);
-    if (stamp == roots_stamp_) return;
+    // The file in use, or the bad one already reported: nothing to read or say again.
+    if (stamp == roots_stamp_ || (stamp && stamp == rejected_roots_stamp_)) return;
   }
   auto roots = read_roots(path);
   if (!roots) {
+    // Logged once per change of the file: the next refresh finds the same stamp and stays quiet.
     SM_WARN(kScope) << "keeping previous trust roots: " << roots.error().message;
+    std::lock_guard lock(mu_);
+    rejected_roots_stamp_ = stamp;
     return;
   }
   // Re-stat: if the file moved during the read we may hold a mix; the next refresh retries.

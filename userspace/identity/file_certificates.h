@@ -76,6 +76,7 @@ class FileCertificates final : public CertificateIssuer {
   mutable std::mutex mu_;
   TrustRootsPtr roots_;
   std::optional<files::Stamp> roots_stamp_;
+  std::optional<files::Stamp> rejected_roots_stamp_;   // a bad root-cert.pem, warned about once
   std::map<std::string, Loaded, std::less<>> loaded_;  // by SPIFFE ID string
 };
 

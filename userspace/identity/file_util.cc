@@ -1,12 +1,14 @@
 #include "identity/file_util.h"
 
 #include <fcntl.h>
-#include <openssl/rand.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+
+#include "base/atomic_file.h"
+#include "base/errno_text.h"
 
 namespace sockmesh::identity::files {
 namespace {
@@ -33,22 +35,6 @@ class Fd {
   int fd_;
 };
 
-std::string temp_suffix() {
-  unsigned char r[8];
-  if (RAND_bytes(r, sizeof(r)) != 1) {
-    // Uniqueness only needs to hold against our own concurrent writers; pid + address will do.
-    uint64_t v = reinterpret_cast<uintptr_t>(&r) ^ static_cast<uint64_t>(::getpid());
-    std::memcpy(r, &v, sizeof(r));
-  }
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string s = std::to_string(::getpid()) + ".";
-  for (unsigned char c : r) {
-    s.push_back(kDigits[c >> 4]);
-    s.push_back(kDigits[c & 0xf]);
-  }
-  return s;
-}
-
 Status write_all(int fd, std::string_view content) {
   while (!content.empty()) {
     ssize_t n = ::write(fd, content.data(), content.size());
@@ -62,13 +48,6 @@ Status write_all(int fd, std::string_view content) {
 }
 
 }  // namespace
-
-std::string errno_text(int err) {
-  char buf[128];
-  // GNU strerror_r returns the message pointer (which may or may not be buf).
-  const char* msg = strerror_r(err, buf, sizeof(buf));
-  return msg;
-}
 
 Result<std::optional<std::string>> read(const std::filesystem::path& path) {
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever (and hold
@@ -103,7 +82,8 @@ Result<std::optional<std::string>> read(const std::filesystem::path& path) {
 Result<Publish> publish_exclusive(const std::filesystem::path& dir, std::string_view name,
                                   std::string_view content, mode_t mode) {
   std::filesystem::path target = dir / name;
-  std::filesystem::path tmp = dir / ("." + std::string(name) + ".tmp." + temp_suffix());
+  std::filesystem::path tmp = dir / ("." + std::string(name) + ".tmp." +
+                                     std::to_string(::getpid()) + "." + random_name_suffix());
   Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode));
   if (fd.get() < 0) return Error{tmp.string() + ": " + errno_text(errno)};
 

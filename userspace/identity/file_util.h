@@ -40,7 +40,4 @@ struct Stamp {
 // Follows symlinks. nullopt when the file does not exist or cannot be stat'ed.
 std::optional<Stamp> stamp(const std::filesystem::path& path);
 
-// "strerror-style" text for errno values, thread-safe.
-std::string errno_text(int err);
-
 }  // namespace sockmesh::identity::files

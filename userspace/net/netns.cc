@@ -13,12 +13,11 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "base/errno_text.h"
 #include "base/log.h"
 
 namespace sockmesh::net {
 namespace {
-
-std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
 
 // The netns this thread runs in when it is not inside a pod: opened on the thread's first use.
 int home_netns() {

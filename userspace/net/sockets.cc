@@ -10,13 +10,12 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/errno_text.h"
 #include "base/log.h"
 #include "net/source_port.h"
 
 namespace sockmesh::net {
 namespace {
-
-std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
 bool set_transparent(int fd, bool v6) {
   int one = 1;

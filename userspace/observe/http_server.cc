@@ -18,13 +18,25 @@ using Tcp = boost::asio::ip::tcp;
 
 namespace {
 
-std::string url_decode(std::string_view s) {
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// Query decoding ('+' is a space, %XX a byte). nullopt when a '%' is not followed by two hex
+// digits: such a query is refused whole (400) rather than read as something it does not say.
+std::optional<std::string> url_decode(std::string_view s) {
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] == '+') {
       out.push_back(' ');
-    } else if (s[i] == '%' && i + 2 < s.size()) {
-      out.push_back(static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16)));
+    } else if (s[i] == '%') {
+      int hi = i + 1 < s.size() ? hex_digit(s[i + 1]) : -1;
+      int lo = i + 2 < s.size() ? hex_digit(s[i + 2]) : -1;
+      if (hi < 0 || lo < 0) return std::nullopt;
+      out.push_back(static_cast<char>(hi * 16 + lo));
       i += 2;
     } else {
       out.push_back(s[i]);
@@ -33,7 +45,8 @@ std::string url_decode(std::string_view s) {
   return out;
 }
 
-HttpRequest parse_target(std::string_view target) {
+// The path and decoded query of a request target; nullopt for a malformed escape.
+std::optional<HttpRequest> parse_target(std::string_view target) {
   HttpRequest r;
   auto q = target.find('?');
   r.path = std::string(target.substr(0, q));
@@ -43,15 +56,11 @@ HttpRequest parse_target(std::string_view target) {
     auto amp = rest.find('&');
     auto pair = rest.substr(0, amp);
     auto eq = pair.find('=');
-    try {
-      if (eq == std::string_view::npos) {
-        r.query[url_decode(pair)] = "";
-      } else {
-        r.query[url_decode(pair.substr(0, eq))] = url_decode(pair.substr(eq + 1));
-      }
-    } catch (const std::exception&) {
-      // A malformed escape: skip that pair.
-    }
+    auto key = url_decode(pair.substr(0, eq));
+    auto value = eq == std::string_view::npos ? std::optional<std::string>("")
+                                              : url_decode(pair.substr(eq + 1));
+    if (!key || !value) return std::nullopt;
+    r.query[*key] = *value;
     if (amp == std::string_view::npos) break;
     rest = rest.substr(amp + 1);
   }
@@ -149,7 +158,13 @@ class HttpServer::Session : public std::enable_shared_from_this<Session> {
 
   void respond() {
     const auto& req = parser_->get();
-    HttpRequest r = parse_target(std::string_view(req.target().data(), req.target().size()));
+    auto parsed = parse_target(std::string_view(req.target().data(), req.target().size()));
+    if (!parsed) {
+      count(shared_->malformed);
+      send_error(400, "malformed request: a '%' in the query is not followed by two hex digits\n");
+      return;
+    }
+    HttpRequest r = std::move(*parsed);
     r.method = std::string(req.method_string());
     r.body = req.body();
     HttpResponse out;

@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/errno_text.h"
 #include "base/log.h"
 #include "proxy/proxy.h"
 
@@ -23,8 +24,6 @@ namespace {
 
 using maps::ListenerKind;
 using maps::UniqueFd;
-
-std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
 
 struct ListenerSpec {
   const char* role;  // Proxy::AdoptedListener::role

@@ -78,9 +78,11 @@ struct sm_time_wait_syn {
   __u64 created_ns;
 };
 
-/* SM_MAP_NODE_ADDRS: the node's own addresses (key struct sm_ip, value __u32 SM_NODE_ADDR_*).
- * Inbound connections from them (the kubelet's probes) reach the app uncaptured, as Istio exempts
- * probes, so that mesh policy does not fail a pod's health checks. */
+/* SM_MAP_NODE_ADDRS: the source addresses capture exempts (key struct sm_ip, value __u32
+ * SM_NODE_ADDR_*): the agent writes the kubelet-probe SNAT addresses only (169.254.7.127 and
+ * fd16:9254:7127:1337:ffff:ffff:ffff:ffff, as istio-cni; the node SNATs the kubelet's connections
+ * to them), so that mesh policy does not fail a pod's health checks while any other process on
+ * the node is captured. */
 #define SM_NODE_ADDR_EXEMPT 1u
 
 /* Indexes into SM_MAP_COUNTERS (a per-CPU array of __u64). Names for humans are in

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include <thread>
 
 #include "cni/install/files.h"
+#include "common/fifo.h"
 #include "loader/agent/kube/cluster_access.h"
 
 namespace sockmesh::cni::install {
@@ -339,6 +341,20 @@ TEST(InstallFiles, WriteFileAtomicNeverFollowsAPlantedTemporaryName) {
   EXPECT_EQ(written.str(), "new");
   EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(dir / "conf")));
   fs::remove_all(dir);
+}
+
+// A FIFO where the installer reads a CNI config must not hang it.
+TEST(InstallFiles, ReadFileRefusesAFifoAtOnce) {
+  fs::path dir = fs::temp_directory_path() / ("sockmesh-install-fifo-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  std::string fifo = (dir / "10-bridge.conflist").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  int err = 0;
+  auto r = ::sockmesh::testing::read_of_fifo(fifo, [&] { return read_file(fifo, &err); });
+  fs::remove_all(dir);
+  ASSERT_TRUE(r.has_value()) << "reading a FIFO as a CNI config blocked for 3 s";
+  EXPECT_FALSE(r->has_value());
+  EXPECT_EQ(err, EINVAL);
 }
 
 }  // namespace

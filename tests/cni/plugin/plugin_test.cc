@@ -24,6 +24,7 @@
 
 #include "base/log.h"
 #include "cni/event/pod_event.h"
+#include "common/fifo.h"
 #include "loader/agent/cni_server.h"
 #include "testing/cni_runtime.h"
 
@@ -378,6 +379,53 @@ TEST(CniArgs, ParsesTheKubernetesKeys) {
   EXPECT_FALSE(parse_cni_args("IgnoreUnknown=1").is_kubernetes_pod());
   EXPECT_TRUE(version_less("0.3.1", "0.4.0"));
   EXPECT_FALSE(version_less("1.0.0", "0.4.0"));
+}
+
+// The hints file is read when the agent cannot be asked: a FIFO in its place must not hang the
+// runtime's ADD.
+TEST(NamespaceHintsFile, AFifoIsRefusedAtOnce) {
+  std::string dir = ::testing::TempDir() + "sockmesh-hints-fifo-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  std::string fifo = dir + "/cni-namespaces.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::string error;
+  auto r =
+      ::sockmesh::testing::read_of_fifo(fifo, [&] { return read_namespace_hints(fifo, &error); });
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(r.has_value()) << "reading a FIFO as the hints file blocked for 3 s";
+  EXPECT_FALSE(r->has_value());
+  EXPECT_NE(error.find("not a regular file"), std::string::npos) << error;
+}
+
+// The protocol version must be exactly 1: a fraction, a string, or a number that only truncates
+// to 1 is a clear error, not an exception and not a match.
+TEST(PodEventVersion, NonIntegerOrOutOfRangeVersionsAreClearErrors) {
+  PodEvent e;
+  e.command = Command::kAdd;
+  e.container_id = "c1";
+  e.ifname = "eth0";
+  e.pod_namespace = "ns";
+  e.pod_name = "p";
+  e.pod_uid = "u";
+  Json good = Json::parse(encode(e));
+  std::string error;
+  ASSERT_TRUE(decode_pod_event(good.dump(), &error)) << error;
+  struct Case {
+    Json version;
+    std::string says;
+  };
+  for (const Case& c : {Case{1.5, "non-integer"}, Case{"1", "non-integer"},
+                        Case{Json(4294967297ull), "protocol version 4294967297 is not 1"},
+                        Case{Json(-1), "protocol version -1 is not 1"},
+                        Case{Json(18446744073709551615ull), "is not 1"}}) {
+    Json j = good;
+    j["version"] = c.version;
+    error.clear();
+    std::optional<PodEvent> got;
+    ASSERT_NO_THROW(got = decode_pod_event(j.dump(), &error)) << j.dump();
+    EXPECT_FALSE(got) << j.dump();
+    EXPECT_NE(error.find(c.says), std::string::npos) << j.dump() << ": " << error;
+  }
 }
 
 }  // namespace

@@ -3,9 +3,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include "common/fifo.h"
 
 namespace sockmesh::agent {
 namespace {
@@ -36,6 +39,21 @@ TEST(AgentFiles, WriteFileAtomicNeverFollowsAPlantedTemporaryName) {
   EXPECT_EQ(fs::status(target).permissions() & fs::perms::all,
             fs::perms::owner_read | fs::perms::owner_write);
   fs::remove_all(dir);
+}
+
+// A FIFO planted where the agent reads a file (its pod records, say) must not hang the agent.
+TEST(AgentFiles, ReadFileRefusesAFifoAtOnce) {
+  fs::path dir = fs::temp_directory_path() / ("sockmesh-agent-fifo-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  std::string fifo = (dir / "agent-pods.json").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto r = ::sockmesh::testing::read_of_fifo(fifo, [&] { return read_file(fifo); });
+  fs::remove_all(dir);
+  ASSERT_TRUE(r.has_value()) << "reading a FIFO blocked for 3 s";
+  ASSERT_FALSE(*r);
+  EXPECT_EQ(r->error().code, EINVAL);
+  EXPECT_NE(r->error().message.find("not a regular file"), std::string::npos) << r->error().message;
+  EXPECT_NE(r->error().message.find("agent-pods.json"), std::string::npos) << r->error().message;
 }
 
 }  // namespace

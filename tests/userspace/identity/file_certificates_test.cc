@@ -1,15 +1,15 @@
 #include "identity/file_certificates.h"
 
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <future>
 
 #include "identity/builtin_ca.h"
-#include "identity/file_util.h"
 #include "identity/certificate_cache.h"
+#include "identity/file_util.h"
 #include "identity/verify.h"
 #include "test_util.h"
 
@@ -275,6 +275,34 @@ TEST_F(FileCertificatesTest, RootsReloadOnRefresh) {
   write_file(dir() / "root-cert.pem", "-----BEGIN CERTIFICATE-----\nAAAA\n");
   fc->refresh();
   EXPECT_EQ(fc->trust_roots(), after);
+}
+
+TEST_F(FileCertificatesTest, ABadRootBundleIsWarnedAboutOncePerChange) {
+  auto fc = open();
+  ASSERT_TRUE(fc);
+  TrustRootsPtr good = fc->trust_roots();
+  write_file(dir() / "root-cert.pem", "-----BEGIN CERTIFICATE-----\nAAAA\n");
+  auto warnings = [&](int refreshes) {
+    ::testing::internal::CaptureStderr();
+    for (int i = 0; i < refreshes; ++i) fc->refresh();
+    std::string err = ::testing::internal::GetCapturedStderr();
+    size_t n = 0;
+    for (size_t at = err.find("keeping previous trust roots"); at != std::string::npos;
+         at = err.find("keeping previous trust roots", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  EXPECT_EQ(warnings(5), 1u) << "the same bad file is reported once, not on every check";
+  EXPECT_EQ(fc->trust_roots(), good);
+  // Changed again (still bad): reported again, once.
+  write_file(dir() / "root-cert.pem", "-----BEGIN CERTIFICATE-----\nBBBBBBBB\n");
+  EXPECT_EQ(warnings(3), 1u);
+  // A good bundle is taken as before.
+  write_file(dir() / "root-cert.pem", to_pem(ca_->root()));
+  fc->refresh();
+  EXPECT_NE(fc->trust_roots(), good);
+  EXPECT_EQ(fc->trust_roots()->size(), 1u);
 }
 
 TEST_F(FileCertificatesTest, CreateNeedsRoots) {

@@ -130,5 +130,21 @@ TEST_F(HttpServerTest, RequestsLargerThanTheLimitGet413) {
   EXPECT_EQ(reply.rfind("HTTP/1.1 200", 0), 0u) << reply;
 }
 
+// A query with a bad %-escape is answered 400 and counted as malformed; a good one is decoded.
+TEST_F(HttpServerTest, ABadPercentEscapeInTheQueryIs400) {
+  listen(HttpLimits{});
+  for (const char* bad : {"/x?level=%zz", "/x?a=%4", "/x?a=%", "/x?%-1=b", "/x?a=%4x"}) {
+    std::string got = exchange(connect_client(), std::string("GET ") + bad +
+                                                     " HTTP/1.1\r\nHost: x\r\n"
+                                                     "Connection: close\r\n\r\n");
+    EXPECT_EQ(got.rfind("HTTP/1.1 400", 0), 0u) << bad << ": " << got;
+    EXPECT_NE(got.find("not followed by two hex digits"), std::string::npos) << got;
+  }
+  EXPECT_EQ(counter("sockmesh_http_requests_rejected_total", "malformed"), 5u);
+  std::string ok =
+      exchange(connect_client(), "GET /x?a=%41+b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(ok.rfind("HTTP/1.1 200", 0), 0u) << ok;
+}
+
 }  // namespace
 }  // namespace sockmesh::observe
