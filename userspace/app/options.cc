@@ -55,6 +55,43 @@ std::optional<std::string> parse_bool(const std::string& v, bool* out) {
   return std::nullopt;
 }
 
+// Go-style durations as Istio's settings use them: "24h", "1h30m", "20s", "500ms"; a bare number
+// is seconds.
+std::optional<std::string> parse_duration(const std::string& v, std::chrono::milliseconds* out) {
+  long long plain = 0;
+  auto [pp, pec] = std::from_chars(v.data(), v.data() + v.size(), plain);
+  if (pec == std::errc() && pp == v.data() + v.size() && plain >= 0) {
+    *out = std::chrono::seconds(plain);
+    return std::nullopt;
+  }
+  std::chrono::milliseconds total{0};
+  const char* p = v.data();
+  const char* end = v.data() + v.size();
+  if (p == end) return "expected a duration such as 24h, 30m or 20s, got ''";
+  while (p < end) {
+    long long n = 0;
+    auto [q, ec] = std::from_chars(p, end, n);
+    if (ec != std::errc() || q == p || n < 0 || n > 1000000000) {
+      return "expected a duration such as 24h, 30m or 20s, got '" + v + "'";
+    }
+    p = q;
+    std::string_view rest(p, static_cast<size_t>(end - p));
+    if (rest.substr(0, 2) == "ms") {
+      total += std::chrono::milliseconds(n);
+      p += 2;
+    } else if (!rest.empty() && (rest[0] == 'h' || rest[0] == 'm' || rest[0] == 's')) {
+      total += rest[0] == 'h'   ? std::chrono::milliseconds(std::chrono::hours(n))
+               : rest[0] == 'm' ? std::chrono::milliseconds(std::chrono::minutes(n))
+                                : std::chrono::milliseconds(std::chrono::seconds(n));
+      ++p;
+    } else {
+      return "expected a duration such as 24h, 30m or 20s, got '" + v + "'";
+    }
+  }
+  *out = total;
+  return std::nullopt;
+}
+
 Setter endpoint(std::optional<Endpoint> proxy::ProxyConfig::*field) {
   return [field](const std::string& v, Options* o) { return parse_endpoint(v, &(o->proxy.*field)); };
 }
@@ -90,7 +127,24 @@ const std::map<std::string, std::pair<Setter, const char*>>& flags() {
       {"config", {text(&proxy::ProxyConfig::config_file), "local config YAML (ztunnel format); default: embedded"}},
       {"state-dir", {text(&proxy::ProxyConfig::state_dir), "where the built-in CA keeps its root (default /var/lib/sockmesh)"}},
       {"certs-dir", {text(&proxy::ProxyConfig::certs_dir), "mounted certificates instead of the built-in CA"}},
-      {"trust-domain", {text(&proxy::ProxyConfig::trust_domain), "mesh trust domain (default cluster.local)"}},
+      {"trust-domain", {text(&proxy::ProxyConfig::trust_domain), "mesh trust domain (default cluster.local; env TRUST_DOMAIN)"}},
+      {"ca-address", {text(&proxy::ProxyConfig::ca_address), "Istio's CA, https://host:port: workload certificates from there, winning over --certs-dir and the built-in CA (default off; env CA_ADDRESS)"}},
+      {"ca-root-ca", {text(&proxy::ProxyConfig::ca_root_ca), "PEM roots for the CA's server certificate and the chains it signs; the mesh's trust bundle, re-read every --certificate-check-ms (default ./var/run/secrets/istio/root-cert.pem; env CA_ROOT_CA)"}},
+      {"xds-token-file", {text(&proxy::ProxyConfig::token_file), "bearer token sent to the control plane, read for every call; '' = none (default ./var/run/secrets/tokens/istio-token; env AUTH_TOKEN)"}},
+      {"cluster-id", {text(&proxy::ProxyConfig::cluster_id), "clusterid sent to the control plane (default Kubernetes; env CLUSTER_ID)"}},
+      {"secret-ttl", {[](const std::string& v, Options* o) -> std::optional<std::string> {
+                        std::chrono::milliseconds d{0};
+                        if (auto e = parse_duration(v, &d)) return e;
+                        if (d < std::chrono::seconds(1)) return "must be at least 1s, got '" + v + "'";
+                        o->proxy.secret_ttl = std::chrono::duration_cast<std::chrono::seconds>(d);
+                        return std::nullopt;
+                      }, "certificate lifetime asked of the CA, e.g. 24h, 20s (default 24h; env SECRET_TTL)"}},
+      {"ca-max-requests", {[](const std::string& v, Options* o) -> std::optional<std::string> {
+                             long long n = 0;
+                             if (auto e = parse_int(v, 1, 1024, &n)) return e;
+                             o->proxy.ca_max_requests = static_cast<uint32_t>(n);
+                             return std::nullopt;
+                           }, "certificate requests to the CA in flight at once (default 8)"}},
       {"workers", {[](const std::string& v, Options* o) -> std::optional<std::string> {
                      long long n = 0;
                      if (auto e = parse_int(v, 0, 256, &n)) return e;
@@ -197,10 +251,28 @@ const std::map<std::string, std::pair<Setter, const char*>>& flags() {
   return f;
 }
 
+// ztunnel's environment variables for the same settings, so that ztunnel's DaemonSet
+// environment configures sockmesh. Read before SOCKMESH_<FLAG>, which is read before flags.
+const std::map<std::string, std::string>& ztunnel_env() {
+  static const std::map<std::string, std::string> e = {
+      {"ca-address", "CA_ADDRESS"},       {"ca-root-ca", "CA_ROOT_CA"},
+      {"xds-token-file", "AUTH_TOKEN"},   {"cluster-id", "CLUSTER_ID"},
+      {"secret-ttl", "SECRET_TTL"},       {"trust-domain", "TRUST_DOMAIN"},
+  };
+  return e;
+}
+
 }  // namespace
 
 std::optional<std::string> parse_options(const std::vector<std::string>& args, Options* out) {
-  // Environment first, flags override.
+  // Environment first (ztunnel's names, then SOCKMESH_<FLAG>), flags override.
+  for (const auto& [name, env] : ztunnel_env()) {
+    auto it = flags().find(name);
+    if (it == flags().end()) continue;
+    if (const char* v = std::getenv(env.c_str())) {
+      if (auto err = it->second.first(v, out)) return env + ": " + *err;
+    }
+  }
   for (const auto& [name, entry] : flags()) {
     std::string env = "SOCKMESH_";
     for (char c : name) env.push_back(c == '-' ? '_' : static_cast<char>(std::toupper(c)));
@@ -245,7 +317,10 @@ std::string usage() {
          "\n";
   }
   u += "  --print-default-config  print the embedded default config (YAML) and exit\n";
-  u += "\nEvery flag can also be set as SOCKMESH_<FLAG> (e.g. SOCKMESH_NODE=node-b).\n";
+  u += "\nEvery flag can also be set as SOCKMESH_<FLAG> (e.g. SOCKMESH_NODE=node-b); ztunnel's\n"
+       "variables work too:";
+  for (const auto& [name, env] : ztunnel_env()) u += " " + env + " (--" + name + ")";
+  u += ". A flag wins over SOCKMESH_<FLAG>, which wins over ztunnel's variable.\n";
   return u;
 }
 

@@ -37,16 +37,47 @@ Result<CertifiedKeyPtr> CertificateCache::lookup(const std::string& spiffe_id) {
   return lookup(*id);
 }
 
-Result<CertifiedKeyPtr> CertificateCache::lookup(const SpiffeId& id) {
+std::shared_ptr<CertificateCache::Entry> CertificateCache::entry_locked(const SpiffeId& id) {
   const std::string name = id.to_string();
-  std::unique_lock lock(mu_);
   auto it = entries_.find(name);
   if (it == entries_.end()) {
     auto e = std::make_shared<Entry>();
     e->id = id;
     it = entries_.emplace(name, std::move(e)).first;
   }
-  std::shared_ptr<Entry> e = it->second;
+  return it->second;
+}
+
+void CertificateCache::kick() {
+  {
+    std::lock_guard lock(bg_mu_);
+    bg_kick_ = true;
+  }
+  bg_cv_.notify_all();
+}
+
+void CertificateCache::prefetch(const SpiffeId& id) {
+  {
+    std::lock_guard lock(mu_);
+    entry_locked(id);
+  }
+  kick();
+}
+
+Result<CertifiedKeyPtr> CertificateCache::lookup(const SpiffeId& id) {
+  std::unique_lock lock(mu_);
+  std::shared_ptr<Entry> e = entry_locked(id);
+
+  if (options_.issue_in_background) {
+    const TimePoint t = now();
+    const bool usable = e->current && t < e->current->not_after();
+    const bool due = !usable || t >= e->renew_at;
+    if (due && !e->inflight && t >= e->retry_after) kick();
+    if (usable) return e->current;
+    if (!e->last_error.empty()) return Error{e->last_error};
+    return Error{"no certificate for " + e->id.to_string() + " yet: being obtained from " +
+                 std::string(issuer_->kind())};
+  }
 
   bool waited = false;
   while (true) {
@@ -164,10 +195,18 @@ void CertificateCache::start_background_renewal(std::chrono::milliseconds period
   bg_ = std::thread([this, period] {
     std::unique_lock lk(bg_mu_);
     while (!bg_stop_) {
+      bg_kick_ = false;
       lk.unlock();
       renew_due();
+      std::chrono::milliseconds wait = period;
+      if (auto next = next_renewal()) {
+        auto until = std::chrono::duration_cast<std::chrono::milliseconds>(*next - now());
+        // At least a little: an entry due now that could not be renewed must not spin.
+        wait =
+            std::clamp(until + std::chrono::milliseconds(1), std::chrono::milliseconds(10), period);
+      }
       lk.lock();
-      bg_cv_.wait_for(lk, period, [this] { return bg_stop_; });
+      bg_cv_.wait_for(lk, wait, [this] { return bg_stop_ || bg_kick_; });
     }
   });
 }
