@@ -272,6 +272,46 @@ TEST_F(CertificateCacheTest, BackgroundRenewal) {
   EXPECT_EQ(issuer_->calls, 2);
 }
 
+// A remote CA's issuer: lookups never call it (they run on io threads), the background thread
+// does, woken by the lookup rather than at its next period.
+TEST_F(CertificateCacheTest, BackgroundModeNeverIssuesOnTheCallersThread) {
+  CertificateCacheOptions options;
+  options.issue_in_background = true;
+  CertificateCache cache(issuer_, options);
+  issuer_->delay = 200ms;
+  auto first = cache.lookup(kWeb);
+  ASSERT_FALSE(first.ok());
+  EXPECT_NE(first.error().message.find("being obtained from test"), std::string::npos)
+      << first.error().message;
+  EXPECT_EQ(issuer_->calls, 0);
+  cache.start_background_renewal(1h);  // only a wake-up can make it issue within the test
+  Result<CertifiedKeyPtr> got = Error{"not tried"};
+  for (int i = 0; i < 300; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    got = cache.lookup(kWeb);
+    // Never waits for the 200 ms issuance in progress.
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 100ms);
+    if (got.ok()) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  cache.stop_background_renewal();
+  ASSERT_TRUE(got.ok()) << got.error().message;
+  EXPECT_EQ(issuer_->calls, 1);
+}
+
+TEST_F(CertificateCacheTest, BackgroundModeReportsTheLastFailureAndPrefetches) {
+  CertificateCacheOptions options;
+  options.issue_in_background = true;
+  CertificateCache cache(issuer_, options);
+  issuer_->fail = true;
+  cache.prefetch(*SpiffeId::parse(kDb));
+  EXPECT_EQ(cache.renew_due(), 0u);
+  auto r = cache.lookup(kDb);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().message, "CA unavailable");
+  EXPECT_EQ(issuer_->calls, 1);
+}
+
 TEST(CertificateCacheConfigTest, RejectsBadConfiguration) {
   EXPECT_THROW(CertificateCache(nullptr), std::invalid_argument);
   TempDir dir;
