@@ -89,8 +89,8 @@ class CaTest(unittest.TestCase):
 
     def wait_valid(self, node, identity, timeout=15):
         def valid():
-            for c in node.config_dump()["certificates"]["workloads"]:
-                if c["identity"] == identity and c["state"] in ("valid", "renewing"):
+            for c in node.config_dump()["certificates"]:
+                if c["identity"] == identity and c["state"] == "Available":
                     return c
             return None
         return wait_until(valid, timeout=timeout, what="%s valid on %s" % (identity, node.name))
@@ -112,7 +112,11 @@ class CaTest(unittest.TestCase):
         wait_until(lambda: "dst.identity=" + SERVER in m.a.logs(), what="A saw the server")
         ok = m.servicer.calls_for(SERVER, "ok")
         self.assertEqual(served_serial(m.server_ip), ok[-1]["serial"])
-        self.assertEqual(cert_b["serial"], ok[-1]["serial"])
+        # /config_dump in ztunnel's shape: the chain leaf first, the CA's root.
+        self.assertEqual(cert_b["certChain"][0]["serialNumber"], ok[-1]["serial"])
+        self.assertTrue(cert_b["certChain"][0]["expirationTime"].endswith("Z"))
+        self.assertEqual([r["pem"] for r in cert_b["rootCerts"]], [m.root.pem])
+        self.assertEqual(m.b.config_dump()["certificateIssuer"], "istio-ca")
         call = m.servicer.calls_for(CLIENT, "ok")[0]
         self.assertEqual(call["metadata"].get("authorization"), "Bearer " + TOKEN)
         self.assertEqual(call["metadata"].get("clusterid"), "test-cluster")
@@ -181,6 +185,29 @@ class CaTest(unittest.TestCase):
                                                result="failed"), 4)
         self.assertIn("fake CA: told to refuse", m.b.logs())
 
+    def test_root_file_is_watched(self):
+        # The CA moves to a new root before the proxies' root file says so: its chains are
+        # refused. Once the file holds both roots, the proxies reload it (no restart), the
+        # retries succeed, and new connections trust certificates under the new root.
+        new_root = fake_ca.TestRoot("fake-istio-root-2")
+        m = CaMesh()
+        m.servicer.unrelated_root = new_root
+        self.mesh = m
+        self.server = EchoServer(m.server_ip, 8080)
+        m.start()
+        self.wait_error(m.b, "does not chain to the configured root")
+        m.tmp.file("root-cert.pem", m.root.pem + new_root.pem)
+        wait_until(lambda: "reloaded CA roots" in m.b.logs() and "reloaded CA roots" in m.a.logs(),
+                   what="both proxies reloaded the root file")
+        cert_b = self.wait_valid(m.b, SERVER)
+        self.wait_valid(m.a, CLIENT)
+        self.assertEqual(len(cert_b["rootCerts"]), 2)
+        s, rep = m.connect()
+        self.assertEqual(rep, 0)
+        self.assertTrue(self.echo(s, b"under the new root"))
+        s.close()
+        self.assertEqual(served_serial(m.server_ip), m.servicer.calls_for(SERVER, "ok")[-1]["serial"])
+
     def failing_mesh(self, **kw):
         self.mesh = CaMesh(**kw)
         self.mesh.b.start()
@@ -188,8 +215,9 @@ class CaTest(unittest.TestCase):
 
     def wait_error(self, node, *parts):
         def seen():
-            for c in node.config_dump()["certificates"]["workloads"]:
-                if c["identity"] == SERVER and c["state"] == "failed":
+            for c in node.config_dump()["certificates"]:
+                if c["identity"] == SERVER and c["state"].startswith("Unavailable: "):
+                    self.assertEqual(c["state"], "Unavailable: " + c["lastError"])
                     return c["lastError"]
             return None
         err = wait_until(seen, timeout=10, what="issuance failure on %s" % node.name)

@@ -119,26 +119,52 @@ std::string config_dump_json(const AdminSources& s) {
   }
   out["policies"] = policies;
   if (s.certificates != nullptr) {
+    // ztunnel's shape (istioctl ztunnel-config certificates reads it): one entry per identity,
+    // state Available / Initializing / "Unavailable: <why>", the chain leaf first and the roots.
+    // renewAt and lastError are ours; ztunnel's readers ignore them.
     auto cs = s.certificates->snapshot();
+    auto cert_json = [](X509* c) {
+      json e = {{"pem", identity::to_pem(c)}, {"serialNumber", identity::serial_hex(c)}};
+      if (auto nb = identity::to_time_point(X509_get0_notBefore(c))) e["validFrom"] = iso8601(*nb);
+      if (auto na = identity::to_time_point(X509_get0_notAfter(c))) {
+        e["expirationTime"] = iso8601(*na);
+      }
+      return e;
+    };
+    json roots = json::array();
+    for (const auto& r : cs.roots) {
+      roots.push_back({{"pem", r.pem},
+                       {"serialNumber", r.serial},
+                       {"validFrom", iso8601(r.not_before)},
+                       {"expirationTime", iso8601(r.not_after)},
+                       {"subject", r.subject},
+                       {"sha256", r.sha256}});
+    }
     json certs = json::array();
     for (const auto& c : cs.certificates) {
-      json e = {{"identity", c.identity}, {"state", c.state}, {"serial", c.serial}};
-      if (!c.serial.empty()) {
-        e["notBefore"] = iso8601(c.not_before);
-        e["expiry"] = iso8601(c.not_after);
+      json e = {{"identity", c.identity}};
+      json chain = json::array();
+      if (c.state == "valid" || c.state == "renewing") {
+        e["state"] = "Available";
+        chain.push_back(cert_json(c.key->leaf()));
+        for (const auto& x : c.key->chain()) chain.push_back(cert_json(x.get()));
+        e["rootCerts"] = roots;
         e["renewAt"] = iso8601(c.renew_at);
+      } else if (c.state == "issuing") {
+        e["state"] = "Initializing";
+        e["rootCerts"] = json::array();
+      } else {
+        e["state"] = "Unavailable: " + (c.last_error.empty()
+                                            ? "certificate expired at " + iso8601(c.not_after)
+                                            : c.last_error);
+        e["rootCerts"] = json::array();
       }
+      e["certChain"] = chain;
       if (!c.last_error.empty()) e["lastError"] = c.last_error;
       certs.push_back(e);
     }
-    json roots = json::array();
-    for (const auto& r : cs.roots) {
-      roots.push_back({{"subject", r.subject},
-                       {"serial", r.serial},
-                       {"sha256", r.sha256},
-                       {"expiry", iso8601(r.not_after)}});
-    }
-    out["certificates"] = {{"issuer", cs.issuer}, {"workloads", certs}, {"roots", roots}};
+    out["certificates"] = certs;
+    out["certificateIssuer"] = cs.issuer;
   }
   if (s.proxy != nullptr) {
     json listeners = json::array();
@@ -185,8 +211,10 @@ void add_admin_routes(observe::HttpServer& server, const AdminSources& s) {
           std::string known;
           for (auto scope : log::known_scopes()) known += " " + std::string(scope);
           return observe::HttpResponse{400, "text/plain; charset=utf-8",
-                                       "unknown scope '" + k + "'; use level (all scopes) or "
-                                       "one of:" + known + "; nothing was changed\n"};
+                                       "unknown scope '" + k +
+                                           "'; use level (all scopes) or "
+                                           "one of:" +
+                                           known + "; nothing was changed\n"};
         }
         log::Level level;
         if (!log::parse_level(v, &level)) {
@@ -235,11 +263,12 @@ std::string datapath_metrics(const std::string& pin_root) {
   }
   // The bypass is optional (the loader goes on without it when the kernel refuses it).
   const std::string link = pin_root + "/" SM_PIN_LINKS_DIR "/" SM_PIN_LINK_SOCKOPS;
-  out += "# HELP sockmesh_datapath_bypass_attached 1 when the sockmap bypass (sockops + sk_msg) "
-         "is attached, 0 when app <-> proxy traffic takes the TCP/IP stack\n"
-         "# TYPE sockmesh_datapath_bypass_attached gauge\n"
-         "sockmesh_datapath_bypass_attached " +
-         std::string(access(link.c_str(), F_OK) == 0 ? "1" : "0") + "\n";
+  out +=
+      "# HELP sockmesh_datapath_bypass_attached 1 when the sockmap bypass (sockops + sk_msg) "
+      "is attached, 0 when app <-> proxy traffic takes the TCP/IP stack\n"
+      "# TYPE sockmesh_datapath_bypass_attached gauge\n"
+      "sockmesh_datapath_bypass_attached " +
+      std::string(access(link.c_str(), F_OK) == 0 ? "1" : "0") + "\n";
   return out;
 }
 
@@ -259,8 +288,9 @@ void add_readiness_routes(observe::HttpServer& server, const AdminSources& s) {
                                    "not ready: listeners not open, or draining\n"};
     }
     if (s.zds != nullptr && !s.zds->synced()) {
-      return observe::HttpResponse{503, "text/plain; charset=utf-8",
-                                   "not ready: waiting for the node agent's first snapshot (ZDS)\n"};
+      return observe::HttpResponse{
+          503, "text/plain; charset=utf-8",
+          "not ready: waiting for the node agent's first snapshot (ZDS)\n"};
     }
     return observe::HttpResponse{200, "text/plain; charset=utf-8", "ready\n"};
   });

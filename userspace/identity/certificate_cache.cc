@@ -242,6 +242,7 @@ CacheSnapshot CertificateCache::snapshot() const {
         info.not_before = e->current->not_before();
         info.not_after = e->current->not_after();
         info.renew_at = e->renew_at;
+        info.key = e->current;
       }
       const bool usable = e->current && t < e->current->not_after();
       if (e->inflight) {
@@ -259,7 +260,9 @@ CacheSnapshot CertificateCache::snapshot() const {
   if (TrustRootsPtr roots = issuer_->trust_roots()) {
     for (const auto& root : *roots) {
       RootInfo r;
+      r.pem = to_pem(root.get());
       r.subject = subject_string(root.get());
+      if (auto nb = to_time_point(X509_get0_notBefore(root.get()))) r.not_before = *nb;
       r.serial = serial_hex(root.get());
       r.sha256 = fingerprint_sha256(root.get());
       if (auto na = to_time_point(X509_get0_notAfter(root.get()))) r.not_after = *na;

@@ -45,12 +45,15 @@ struct CertificateInfo {
   TimePoint not_after{};
   TimePoint renew_at{};
   std::string last_error;
+  CertifiedKeyPtr key;  // the certificate in use (leaf and intermediates); null when none
 };
 
 struct RootInfo {
+  std::string pem;
   std::string subject;
   std::string serial;
   std::string sha256;
+  TimePoint not_before{};
   TimePoint not_after{};
 };
 
