@@ -225,6 +225,7 @@ int main(int argc, char** argv) {
     cache_options.min_retry = std::chrono::milliseconds(500);
     cache_options.max_retry = std::chrono::seconds(150);
     cache_options.issue_in_background = true;
+    cache_options.parallel_issues = cfg.ca_max_requests;
     SM_INFO("main") << "identities: Istio CA at " << (*client)->target() << ", roots from "
                     << cfg.ca_root_ca << ", secret TTL " << cfg.secret_ttl.count() << " s"
                     << (cfg.certs_dir.empty() ? "" : " (--certs-dir ignored: the CA address wins)");

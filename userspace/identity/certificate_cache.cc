@@ -1,6 +1,7 @@
 #include "identity/certificate_cache.h"
 
 #include <algorithm>
+#include <atomic>
 #include <stdexcept>
 
 #include "base/log.h"
@@ -164,17 +165,28 @@ size_t CertificateCache::renew_due() {
       candidates.push_back({e, e->current, due});
     }
   }
-  size_t renewed = 0;
-  for (auto& c : candidates) {
-    // The issuer may stat files here; do it without holding the cache lock.
-    if (!c.due && !issuer_->superseded(*c.current)) continue;
-    std::unique_lock lock(mu_);
-    // Someone else may have renewed or removed it in the meantime.
-    auto it = entries_.find(c.entry->id.to_string());
-    if (it == entries_.end() || it->second != c.entry) continue;
-    if (c.entry->inflight || c.entry->current != c.current) continue;
-    if (attempt(lock, c.entry)) ++renewed;
-  }
+  std::atomic<size_t> renewed{0};
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < candidates.size(); i = next++) {
+      Candidate& c = candidates[i];
+      // The issuer may stat files here; do it without holding the cache lock.
+      if (!c.due && !issuer_->superseded(*c.current)) continue;
+      std::unique_lock lock(mu_);
+      // Someone else may have renewed or removed it in the meantime.
+      auto it = entries_.find(c.entry->id.to_string());
+      if (it == entries_.end() || it->second != c.entry) continue;
+      if (c.entry->inflight || c.entry->current != c.current) continue;
+      if (attempt(lock, c.entry)) ++renewed;
+    }
+  };
+  // A remote CA answers in a round trip: ask for several identities at once (the issuer caps
+  // its own requests in flight), so that a node full of new pods is not served one by one.
+  size_t helpers = std::min(options_.parallel_issues, candidates.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i < helpers; ++i) threads.emplace_back(work);
+  work();
+  for (auto& th : threads) th.join();
   return renewed;
 }
 

@@ -31,6 +31,8 @@ struct CertificateCacheOptions {
   // thread, which they wake. An identity without a certificate yet gets an error until the
   // first one arrives (prefetch() asks early). Off: first use issues on the caller's thread.
   bool issue_in_background = false;
+  // How many identities renew_due() issues for at once (1: one after another).
+  size_t parallel_issues = 1;
 };
 
 // One identity's entry, for the admin config dump.
