@@ -214,8 +214,9 @@ void CertificateCache::start_background_renewal(std::chrono::milliseconds period
       if (auto next = next_renewal()) {
         auto until = std::chrono::duration_cast<std::chrono::milliseconds>(*next - now());
         // At least a little: an entry due now that could not be renewed must not spin.
-        wait =
-            std::clamp(until + std::chrono::milliseconds(1), std::chrono::milliseconds(10), period);
+        // (std::clamp needs lo <= hi, and a period may be shorter than that floor.)
+        const auto floor = std::min(std::chrono::milliseconds(10), period);
+        wait = std::clamp(until + std::chrono::milliseconds(1), floor, period);
       }
       lk.lock();
       bg_cv_.wait_for(lk, wait, [this] { return bg_stop_ || bg_kick_; });
