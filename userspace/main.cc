@@ -243,13 +243,38 @@ int main(int argc, char** argv) {
                     << " (no CA address, no --certs-dir)";
   }
   identity::CertificateCache certificates(issuer, cache_options);
-  if (cache_options.issue_in_background) {
-    // Ask for the local workloads' certificates now rather than at their first connection.
-    auto snap = store.get();
-    for (const auto& w : snap->workloads()) {
-      if (w.node != cfg.node_name) continue;
-      if (auto id = identity::SpiffeId::parse(w.identity())) certificates.prefetch(*id);
+  // With a remote CA, the local workloads' certificates are asked for as soon as they are known
+  // (at start, and whenever the mesh state changes), not at their first connection, which
+  // would fail while the request is under way. The hook outlives the cache; the guard, declared
+  // after the cache, detaches it first.
+  struct PrefetchHook {
+    std::mutex mu;
+    identity::CertificateCache* cache = nullptr;
+    std::string node;
+    void run(const state::Snapshot& snap) {
+      std::lock_guard lock(mu);
+      if (cache == nullptr) return;
+      for (const auto& w : snap.workloads()) {
+        if (w.node != node) continue;
+        if (auto id = identity::SpiffeId::parse(w.identity())) cache->prefetch(*id);
+      }
     }
+  };
+  auto prefetch = std::make_shared<PrefetchHook>();
+  struct DetachPrefetch {
+    std::shared_ptr<PrefetchHook> hook;
+    ~DetachPrefetch() {
+      std::lock_guard lock(hook->mu);
+      hook->cache = nullptr;
+    }
+  } detach_prefetch{prefetch};
+  if (cache_options.issue_in_background) {
+    prefetch->cache = &certificates;
+    prefetch->node = cfg.node_name;
+    store.subscribe([prefetch](const state::SnapshotPtr&, const state::SnapshotPtr& current) {
+      if (current) prefetch->run(*current);
+    });
+    prefetch->run(*store.get());
   }
   certificates.start_background_renewal(cfg.certificate_check);
   auto roots = certificates.roots();

@@ -19,7 +19,7 @@ HERE = os.path.dirname(__file__)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "fixtures", "fake_istiod"))
 import ca as fake_ca  # noqa: E402
-from harness import EchoServer, TwoNodeMesh, recv_exact, wait_until  # noqa: E402
+from harness import EchoServer, TwoNodeMesh, recv_exact, wait_until, workload_yaml  # noqa: E402
 
 TD = "spiffe://cluster.local/ns/default/sa/"
 CLIENT = TD + "client"
@@ -208,6 +208,17 @@ class CaTest(unittest.TestCase):
         self.assertTrue(self.echo(s, b"under the new root"))
         s.close()
         self.assertEqual(served_serial(m.server_ip), m.servicer.calls_for(SERVER, "ok")[-1]["serial"])
+
+    def test_new_local_workload_gets_its_certificate_before_any_connection(self):
+        m = self.start_mesh()
+        self.wait_valid(m.b, SERVER)
+        late = TD + "late"
+        m.extra_workloads = workload_yaml("l1", "late", "default", "late", m.block + ".21",
+                                          "node-b") + "\n"
+        m.tmp.file("b.yaml", m.config(m.server_sa))
+        cert = self.wait_valid(m.b, late)
+        self.assertEqual(cert["certChain"][0]["serialNumber"],
+                         m.servicer.calls_for(late, "ok")[0]["serial"])
 
     def failing_mesh(self, **kw):
         self.mesh = CaMesh(**kw)
