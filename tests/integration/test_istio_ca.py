@@ -51,7 +51,7 @@ class CaMesh(TwoNodeMesh):
 
 
 def served_serial(ip, port=15008):
-    """The serial (lowercase hex) of the certificate a TLS server at ip:port presents."""
+    """The serial (an int) of the certificate a TLS server at ip:port presents."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
@@ -60,7 +60,7 @@ def served_serial(ip, port=15008):
     with ctx.wrap_socket(raw) as tls:
         der = tls.getpeercert(binary_form=True)
     from cryptography import x509
-    return "%x" % x509.load_der_x509_certificate(der).serial_number
+    return x509.load_der_x509_certificate(der).serial_number
 
 
 class CaTest(unittest.TestCase):
@@ -113,7 +113,7 @@ class CaTest(unittest.TestCase):
         ok = m.servicer.calls_for(SERVER, "ok")
         self.assertEqual(served_serial(m.server_ip), ok[-1]["serial"])
         # /config_dump in ztunnel's shape: the chain leaf first, the CA's root.
-        self.assertEqual(cert_b["certChain"][0]["serialNumber"], ok[-1]["serial"])
+        self.assertEqual(int(cert_b["certChain"][0]["serialNumber"], 16), ok[-1]["serial"])
         self.assertTrue(cert_b["certChain"][0]["expirationTime"].endswith("Z"))
         self.assertEqual([r["pem"] for r in cert_b["rootCerts"]], [m.root.pem])
         self.assertEqual(m.b.config_dump()["certificateIssuer"], "istio-ca")
@@ -217,7 +217,7 @@ class CaTest(unittest.TestCase):
                                           "node-b") + "\n"
         m.tmp.file("b.yaml", m.config(m.server_sa))
         cert = self.wait_valid(m.b, late)
-        self.assertEqual(cert["certChain"][0]["serialNumber"],
+        self.assertEqual(int(cert["certChain"][0]["serialNumber"], 16),
                          m.servicer.calls_for(late, "ok")[0]["serial"])
 
     def failing_mesh(self, **kw):
