@@ -130,6 +130,7 @@ class CaTest(unittest.TestCase):
 
     def test_rotation_under_traffic(self):
         m = self.start_mesh(ttl="20s")
+        self.wait_valid(m.a, CLIENT)  # the client side needs its certificate too
         self.wait_valid(m.b, SERVER)
         first = served_serial(m.server_ip)
         live, rep = m.connect()
@@ -157,6 +158,7 @@ class CaTest(unittest.TestCase):
 
     def test_refusing_ca_keeps_old_certificate_and_backs_off(self):
         m = self.start_mesh(ttl="20s")
+        self.wait_valid(m.a, CLIENT)  # the client side needs its certificate too
         self.wait_valid(m.b, SERVER)
         first = m.servicer.calls_for(SERVER, "ok")[0]
         m.servicer.refuse = True
