@@ -28,6 +28,7 @@
 #include "identity/builtin_ca.h"
 #include "identity/certificate_cache.h"
 #include "identity/file_certificates.h"
+#include "identity/istio_ca_client.h"
 #include "observe/http_server.h"
 #include "proxy/bypass_pinning.h"
 #include "proxy/enrolled_workloads.h"
@@ -217,22 +218,85 @@ int main(int argc, char** argv) {
                     << snap->policies().size() << " policies";
   }
 
-  // Identities: mounted certificates, or the built-in CA.
+  // Identities, one issuer: Istio's CA when a CA address is set, else mounted certificates, else
+  // the built-in CA.
+  observe::Registry metrics;
   std::shared_ptr<identity::CertificateIssuer> issuer;
-  if (!cfg.certs_dir.empty()) {
+  identity::CertificateCacheOptions cache_options;
+  if (!cfg.ca_address.empty()) {
+    identity::IstioCaOptions ca;
+    ca.address = cfg.ca_address;
+    ca.root_ca_file = cfg.ca_root_ca;
+    ca.token_file = cfg.token_file;
+    ca.cluster_id = cfg.cluster_id;
+    ca.ttl = cfg.secret_ttl;
+    ca.max_in_flight = cfg.ca_max_requests;
+    auto& fetched_ok = metrics.counter("sockmesh_certificate_fetches_total",
+                                       "Certificate requests to Istio's CA, by outcome",
+                                       {{"result", "ok"}});
+    auto& fetch_failed = metrics.counter("sockmesh_certificate_fetches_total",
+                                         "Certificate requests to Istio's CA, by outcome",
+                                         {{"result", "failed"}});
+    ca.on_fetch = [&fetched_ok, &fetch_failed](bool ok) { (ok ? fetched_ok : fetch_failed).inc(); };
+    auto client = identity::IstioCaClient::create(std::move(ca));
+    if (!client) return fail("Istio CA: " + client.error().message);
+    issuer = *client;
+    // As ztunnel: retries from 500 ms doubling up to 150 s; the current certificate serves
+    // meanwhile. The network round trip happens on the cache's thread, never on an io thread.
+    cache_options.min_retry = std::chrono::milliseconds(500);
+    cache_options.max_retry = std::chrono::seconds(150);
+    cache_options.issue_in_background = true;
+    cache_options.parallel_issues = cfg.ca_max_requests;
+    SM_INFO("main") << "identities: Istio CA at " << (*client)->target() << ", roots from "
+                    << cfg.ca_root_ca << ", secret TTL " << cfg.secret_ttl.count() << " s"
+                    << (cfg.certs_dir.empty() ? "" : " (--certs-dir ignored: the CA address wins)");
+  } else if (!cfg.certs_dir.empty()) {
     auto files = identity::FileCertificates::create(cfg.certs_dir);
     if (!files) return fail("certificates in " + cfg.certs_dir + ": " + files.error().message);
     issuer = *files;
-    SM_INFO("main") << "identities: certificates mounted in " << cfg.certs_dir;
+    SM_INFO("main") << "identities: certificates mounted in " << cfg.certs_dir
+                    << " (no CA address set)";
   } else {
     auto ca = identity::BuiltinCa::load_or_create(cfg.state_dir, cfg.trust_domain);
     if (!ca) return fail("built-in CA in " + cfg.state_dir + ": " + ca.error().message);
     issuer = *ca;
-    SM_INFO("main") << "identities: built-in CA, root kept in " << cfg.state_dir;
+    SM_INFO("main") << "identities: built-in CA, root kept in " << cfg.state_dir
+                    << " (no CA address, no --certs-dir)";
   }
-  identity::CertificateCache certificates(issuer);
-  // Renewal also re-reads a mounted root-cert.pem; each handshake then verifies against the
-  // bundle the cache holds at that moment (MeshTls asks it), so a rotated root needs no restart.
+  identity::CertificateCache certificates(issuer, cache_options);
+  // With a remote CA, the local workloads' certificates are asked for as soon as they are known
+  // (at start, and whenever the mesh state changes), not at their first connection, which
+  // would fail while the request is under way. The hook outlives the cache; the guard, declared
+  // after the cache, detaches it first.
+  struct PrefetchHook {
+    std::mutex mu;
+    identity::CertificateCache* cache = nullptr;
+    std::string node;
+    void run(const state::Snapshot& snap) {
+      std::lock_guard lock(mu);
+      if (cache == nullptr) return;
+      for (const auto& w : snap.workloads()) {
+        if (w.node != node) continue;
+        if (auto id = identity::SpiffeId::parse(w.identity())) cache->prefetch(*id);
+      }
+    }
+  };
+  auto prefetch = std::make_shared<PrefetchHook>();
+  struct DetachPrefetch {
+    std::shared_ptr<PrefetchHook> hook;
+    ~DetachPrefetch() {
+      std::lock_guard lock(hook->mu);
+      hook->cache = nullptr;
+    }
+  } detach_prefetch{prefetch};
+  if (cache_options.issue_in_background) {
+    prefetch->cache = &certificates;
+    prefetch->node = cfg.node_name;
+    store.subscribe([prefetch](const state::SnapshotPtr&, const state::SnapshotPtr& current) {
+      if (current) prefetch->run(*current);
+    });
+    prefetch->run(*store.get());
+  }
   certificates.start_background_renewal(cfg.certificate_check);
   auto roots = certificates.roots();
   if (!roots || roots->empty()) return fail("no trust roots available");
@@ -244,7 +308,6 @@ int main(int argc, char** argv) {
     return fail(e.what());
   }
 
-  observe::Registry metrics;
   proxy::Proxy proxy(cfg, store,
                      [&certificates](const std::string& id) { return certificates.lookup(id); },
                      tls, metrics);

@@ -93,8 +93,9 @@ import json, sys
 d = json.load(sys.stdin)
 for w in d["workloads"]:
     print("  workload %-8s %-12s %s local=%s" % (w["name"], ",".join(w["workloadIps"]), w["identity"], w["local"]))
-for c in d["certificates"]["workloads"]:
-    print("  certificate %s expires %s (renews %s)" % (c["identity"], c.get("expiry"), c.get("renewAt")))'
+for c in d["certificates"]:
+    leaf = (c.get("certChain") or [{}])[0]
+    print("  certificate %s %s expires %s (renews %s)" % (c["identity"], c["state"], leaf.get("expirationTime"), c.get("renewAt")))'
 
 step "add a Deny policy to the config file; the running nodes reload it"
 { grep -v '^policies:' "$work/mesh.yaml"; cat <<YAML

@@ -222,6 +222,12 @@ class ChartTest(unittest.TestCase):
             c = container(find(render(*sets), "DaemonSet", "sockmesh"), "proxy")
             return {e["name"]: e.get("value") for e in c["env"]}
         env = proxy_env("profile=ambient")
+        # One source of mesh state: no local config file when istiod is the control plane.
+        ambient_args = container(find(render("profile=ambient"), "DaemonSet", "sockmesh"),
+                                 "proxy")["args"]
+        self.assertFalse([a for a in ambient_args if a.startswith("--config")], ambient_args)
+        self.assertIn("--config=/etc/sockmesh/config.yaml",
+                      container(find(render(), "DaemonSet", "sockmesh"), "proxy")["args"])
         self.assertEqual(env["CA_ADDRESS"], "istiod.istio-system.svc:15012")
         self.assertEqual(env["XDS_ADDRESS"], "istiod.istio-system.svc:15012")
         self.assertEqual(proxy_env("profile=ambient", "istioNamespace=mesh")["CA_ADDRESS"],

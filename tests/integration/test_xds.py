@@ -88,7 +88,9 @@ class XdsMesh:
         def xds_args(pod, ip):
             return ["--xds-address", self.fake.address, "--xds-root-ca", self.root_ca,
                     "--xds-token-file", self.token_file, "--pod-name", pod,
-                    "--pod-namespace", "istio-system", "--instance-ip", ip]
+                    "--pod-namespace", "istio-system", "--instance-ip", ip,
+                    # certificates from the built-in CA here (test_istio_ca covers Istio's CA)
+                    "--ca-address", ""]
 
         self.a = ProxyNode("node-a", None, state_dir, b + ".1", self.tmp.path,
                            socks5="%s:15080" % (b + ".1"),

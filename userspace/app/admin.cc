@@ -146,26 +146,52 @@ std::string config_dump_json(const AdminSources& s) {
         {"lastError", st.last_error}, {"types", types},      {"terminations", terminations}};
   }
   if (s.certificates != nullptr) {
+    // ztunnel's shape (istioctl ztunnel-config certificates reads it): one entry per identity,
+    // state Available / Initializing / "Unavailable: <why>", the chain leaf first and the roots.
+    // renewAt and lastError are ours; ztunnel's readers ignore them.
     auto cs = s.certificates->snapshot();
+    auto cert_json = [](X509* c) {
+      json e = {{"pem", identity::to_pem(c)}, {"serialNumber", identity::serial_hex(c)}};
+      if (auto nb = identity::to_time_point(X509_get0_notBefore(c))) e["validFrom"] = iso8601(*nb);
+      if (auto na = identity::to_time_point(X509_get0_notAfter(c))) {
+        e["expirationTime"] = iso8601(*na);
+      }
+      return e;
+    };
+    json roots = json::array();
+    for (const auto& r : cs.roots) {
+      roots.push_back({{"pem", r.pem},
+                       {"serialNumber", r.serial},
+                       {"validFrom", iso8601(r.not_before)},
+                       {"expirationTime", iso8601(r.not_after)},
+                       {"subject", r.subject},
+                       {"sha256", r.sha256}});
+    }
     json certs = json::array();
     for (const auto& c : cs.certificates) {
-      json e = {{"identity", c.identity}, {"state", c.state}, {"serial", c.serial}};
-      if (!c.serial.empty()) {
-        e["notBefore"] = iso8601(c.not_before);
-        e["expiry"] = iso8601(c.not_after);
+      json e = {{"identity", c.identity}};
+      json chain = json::array();
+      if (c.state == "valid" || c.state == "renewing") {
+        e["state"] = "Available";
+        chain.push_back(cert_json(c.key->leaf()));
+        for (const auto& x : c.key->chain()) chain.push_back(cert_json(x.get()));
+        e["rootCerts"] = roots;
         e["renewAt"] = iso8601(c.renew_at);
+      } else if (c.state == "issuing") {
+        e["state"] = "Initializing";
+        e["rootCerts"] = json::array();
+      } else {
+        e["state"] = "Unavailable: " + (c.last_error.empty()
+                                            ? "certificate expired at " + iso8601(c.not_after)
+                                            : c.last_error);
+        e["rootCerts"] = json::array();
       }
+      e["certChain"] = chain;
       if (!c.last_error.empty()) e["lastError"] = c.last_error;
       certs.push_back(e);
     }
-    json roots = json::array();
-    for (const auto& r : cs.roots) {
-      roots.push_back({{"subject", r.subject},
-                       {"serial", r.serial},
-                       {"sha256", r.sha256},
-                       {"expiry", iso8601(r.not_after)}});
-    }
-    out["certificates"] = {{"issuer", cs.issuer}, {"workloads", certs}, {"roots", roots}};
+    out["certificates"] = certs;
+    out["certificateIssuer"] = cs.issuer;
   }
   if (s.proxy != nullptr) {
     json listeners = json::array();

@@ -55,6 +55,43 @@ std::optional<std::string> parse_bool(const std::string& v, bool* out) {
   return std::nullopt;
 }
 
+// Go-style durations as Istio's settings use them: "24h", "1h30m", "20s", "500ms"; a bare number
+// is seconds.
+std::optional<std::string> parse_duration(const std::string& v, std::chrono::milliseconds* out) {
+  long long plain = 0;
+  auto [pp, pec] = std::from_chars(v.data(), v.data() + v.size(), plain);
+  if (pec == std::errc() && pp == v.data() + v.size() && plain >= 0) {
+    *out = std::chrono::seconds(plain);
+    return std::nullopt;
+  }
+  std::chrono::milliseconds total{0};
+  const char* p = v.data();
+  const char* end = v.data() + v.size();
+  if (p == end) return "expected a duration such as 24h, 30m or 20s, got ''";
+  while (p < end) {
+    long long n = 0;
+    auto [q, ec] = std::from_chars(p, end, n);
+    if (ec != std::errc() || q == p || n < 0 || n > 1000000000) {
+      return "expected a duration such as 24h, 30m or 20s, got '" + v + "'";
+    }
+    p = q;
+    std::string_view rest(p, static_cast<size_t>(end - p));
+    if (rest.substr(0, 2) == "ms") {
+      total += std::chrono::milliseconds(n);
+      p += 2;
+    } else if (!rest.empty() && (rest[0] == 'h' || rest[0] == 'm' || rest[0] == 's')) {
+      total += rest[0] == 'h'   ? std::chrono::milliseconds(std::chrono::hours(n))
+               : rest[0] == 'm' ? std::chrono::milliseconds(std::chrono::minutes(n))
+                                : std::chrono::milliseconds(std::chrono::seconds(n));
+      ++p;
+    } else {
+      return "expected a duration such as 24h, 30m or 20s, got '" + v + "'";
+    }
+  }
+  *out = total;
+  return std::nullopt;
+}
+
 Setter endpoint(std::optional<Endpoint> proxy::ProxyConfig::*field) {
   return [field](const std::string& v, Options* o) { return parse_endpoint(v, &(o->proxy.*field)); };
 }
@@ -91,16 +128,13 @@ Setter xds_text(std::string XdsSettings::*field) {
   };
 }
 
-// ztunnel's environment variable for a flag's setting.
-const std::map<std::string, std::string>& ztunnel_env() {
-  static const std::map<std::string, std::string> m = {
-      {"xds-address", "XDS_ADDRESS"},   {"xds-root-ca", "XDS_ROOT_CA"},
-      {"xds-token-file", "AUTH_TOKEN"}, {"cluster-id", "CLUSTER_ID"},
-      {"node", "NODE_NAME"},            {"pod-name", "POD_NAME"},
-      {"pod-namespace", "POD_NAMESPACE"}, {"instance-ip", "INSTANCE_IP"},
-      {"config", "LOCAL_XDS_PATH"},
+// A setting that the xDS client and the CA client share (one flag, one variable).
+Setter shared_text(std::string proxy::ProxyConfig::*proxy_field, std::string XdsSettings::*xds_field) {
+  return [proxy_field, xds_field](const std::string& v, Options* o) -> std::optional<std::string> {
+    o->proxy.*proxy_field = v;
+    o->xds.*xds_field = v;
+    return std::nullopt;
   };
-  return m;
 }
 
 const std::map<std::string, std::pair<Setter, const char*>>& flags() {
@@ -109,7 +143,28 @@ const std::map<std::string, std::pair<Setter, const char*>>& flags() {
       {"config", {text(&proxy::ProxyConfig::config_file), "local config YAML (ztunnel format); default: embedded"}},
       {"state-dir", {text(&proxy::ProxyConfig::state_dir), "where the built-in CA keeps its root (default /var/lib/sockmesh)"}},
       {"certs-dir", {text(&proxy::ProxyConfig::certs_dir), "mounted certificates instead of the built-in CA"}},
-      {"trust-domain", {text(&proxy::ProxyConfig::trust_domain), "mesh trust domain (default cluster.local)"}},
+      {"trust-domain", {text(&proxy::ProxyConfig::trust_domain), "mesh trust domain (default cluster.local; env TRUST_DOMAIN)"}},
+      {"ca-address", {[](const std::string& v, Options* o) -> std::optional<std::string> {
+                        o->proxy.ca_address = v;
+                        o->ca_address_given = true;
+                        return std::nullopt;
+                      }, "Istio's CA, https://host:port: workload certificates from there, winning over --certs-dir and the built-in CA; '' = off (default: the --xds-address when that is set, else off; env CA_ADDRESS)"}},
+      {"ca-root-ca", {text(&proxy::ProxyConfig::ca_root_ca), "PEM roots for the CA's server certificate and the chains it signs; the mesh's trust bundle, re-read every --certificate-check-ms (default ./var/run/secrets/istio/root-cert.pem; env CA_ROOT_CA)"}},
+      {"xds-token-file", {shared_text(&proxy::ProxyConfig::token_file, &XdsSettings::token_file), "bearer token sent to istiod (xDS and CA), read for every call and connection; '' = none (default ./var/run/secrets/tokens/istio-token; env AUTH_TOKEN)"}},
+      {"cluster-id", {shared_text(&proxy::ProxyConfig::cluster_id, &XdsSettings::cluster_id), "clusterid sent to istiod (xDS and CA) (default Kubernetes; env CLUSTER_ID)"}},
+      {"secret-ttl", {[](const std::string& v, Options* o) -> std::optional<std::string> {
+                        std::chrono::milliseconds d{0};
+                        if (auto e = parse_duration(v, &d)) return e;
+                        if (d < std::chrono::seconds(1)) return "must be at least 1s, got '" + v + "'";
+                        o->proxy.secret_ttl = std::chrono::duration_cast<std::chrono::seconds>(d);
+                        return std::nullopt;
+                      }, "certificate lifetime asked of the CA, e.g. 24h, 20s (default 24h; env SECRET_TTL)"}},
+      {"ca-max-requests", {[](const std::string& v, Options* o) -> std::optional<std::string> {
+                             long long n = 0;
+                             if (auto e = parse_int(v, 1, 1024, &n)) return e;
+                             o->proxy.ca_max_requests = static_cast<uint32_t>(n);
+                             return std::nullopt;
+                           }, "certificate requests to the CA in flight at once (default 8)"}},
       {"workers", {[](const std::string& v, Options* o) -> std::optional<std::string> {
                      long long n = 0;
                      if (auto e = parse_int(v, 0, 256, &n)) return e;
@@ -210,8 +265,6 @@ const std::map<std::string, std::pair<Setter, const char*>>& flags() {
       {"config-poll-ms", {millis(&proxy::ProxyConfig::config_poll), "how often the config file is checked (default 1000)"}},
       {"xds-address", {xds_text(&XdsSettings::address), "istiod's Delta xDS address, e.g. https://istiod.istio-system.svc:15012; when set, workloads, services and policies come from it instead of --config (default: unset)"}},
       {"xds-root-ca", {xds_text(&XdsSettings::root_ca), "PEM roots istiod's certificate must chain to (default ./var/run/secrets/istio/root-cert.pem)"}},
-      {"xds-token-file", {xds_text(&XdsSettings::token_file), "bearer token sent to istiod, re-read on every connection (default ./var/run/secrets/tokens/istio-token)"}},
-      {"cluster-id", {xds_text(&XdsSettings::cluster_id), "this cluster's id, sent to istiod (default Kubernetes)"}},
       {"pod-name", {xds_text(&XdsSettings::pod_name), "this proxy's pod name, for istiod's node id (default: unset)"}},
       {"pod-namespace", {xds_text(&XdsSettings::pod_namespace), "this proxy's namespace, for istiod's node id (default: unset)"}},
       {"instance-ip", {xds_text(&XdsSettings::instance_ip), "this proxy's pod IP, for istiod's node id (default: unset)"}},
@@ -223,13 +276,30 @@ const std::map<std::string, std::pair<Setter, const char*>>& flags() {
   return f;
 }
 
+// ztunnel's environment variables for the same settings, so that ztunnel's DaemonSet
+// environment configures sockmesh. Read before SOCKMESH_<FLAG>, which is read before flags.
+const std::map<std::string, std::string>& ztunnel_env() {
+  static const std::map<std::string, std::string> e = {
+      {"xds-address", "XDS_ADDRESS"},     {"xds-root-ca", "XDS_ROOT_CA"},
+      {"ca-address", "CA_ADDRESS"},       {"ca-root-ca", "CA_ROOT_CA"},
+      {"xds-token-file", "AUTH_TOKEN"},   {"cluster-id", "CLUSTER_ID"},
+      {"secret-ttl", "SECRET_TTL"},       {"trust-domain", "TRUST_DOMAIN"},
+      {"node", "NODE_NAME"},              {"pod-name", "POD_NAME"},
+      {"pod-namespace", "POD_NAMESPACE"}, {"instance-ip", "INSTANCE_IP"},
+      {"config", "LOCAL_XDS_PATH"},
+  };
+  return e;
+}
+
 }  // namespace
 
 std::optional<std::string> parse_options(const std::vector<std::string>& args, Options* out) {
-  // Environment first (ztunnel's names, then sockmesh's), flags override.
+  // Environment first (ztunnel's names, then SOCKMESH_<FLAG>), flags override.
   for (const auto& [name, env] : ztunnel_env()) {
+    auto it = flags().find(name);
+    if (it == flags().end()) continue;
     if (const char* v = std::getenv(env.c_str())) {
-      if (auto err = flags().at(name).first(v, out)) return env + ": " + *err;
+      if (auto err = it->second.first(v, out)) return env + ": " + *err;
     }
   }
   for (const auto& [name, entry] : flags()) {
@@ -263,6 +333,10 @@ std::optional<std::string> parse_options(const std::vector<std::string>& args, O
     auto it = flags().find(name);
     if (it == flags().end()) return "unknown flag --" + name + " (see --help)";
     if (auto err = it->second.first(value, out)) return "--" + name + ": " + *err;
+  }
+  // As ztunnel: Istio's CA is at istiod's address unless told otherwise.
+  if (!out->ca_address_given && !out->xds.address.empty()) {
+    out->proxy.ca_address = out->xds.address;
   }
   return std::nullopt;
 }

@@ -27,6 +27,9 @@ struct XdsSettings {
 struct Options {
   proxy::ProxyConfig proxy;
   XdsSettings xds;
+  // --ca-address (or CA_ADDRESS) was given, perhaps as '': then it is not taken from the xDS
+  // address. '' keeps --certs-dir or the built-in CA while xDS is on.
+  bool ca_address_given = false;
   std::string log_level = "info";
   bool help = false;
   bool print_default_config = false;

@@ -1,6 +1,7 @@
 #include "identity/certificate_cache.h"
 
 #include <algorithm>
+#include <atomic>
 #include <stdexcept>
 
 #include "base/log.h"
@@ -37,16 +38,47 @@ Result<CertifiedKeyPtr> CertificateCache::lookup(const std::string& spiffe_id) {
   return lookup(*id);
 }
 
-Result<CertifiedKeyPtr> CertificateCache::lookup(const SpiffeId& id) {
+std::shared_ptr<CertificateCache::Entry> CertificateCache::entry_locked(const SpiffeId& id) {
   const std::string name = id.to_string();
-  std::unique_lock lock(mu_);
   auto it = entries_.find(name);
   if (it == entries_.end()) {
     auto e = std::make_shared<Entry>();
     e->id = id;
     it = entries_.emplace(name, std::move(e)).first;
   }
-  std::shared_ptr<Entry> e = it->second;
+  return it->second;
+}
+
+void CertificateCache::kick() {
+  {
+    std::lock_guard lock(bg_mu_);
+    bg_kick_ = true;
+  }
+  bg_cv_.notify_all();
+}
+
+void CertificateCache::prefetch(const SpiffeId& id) {
+  {
+    std::lock_guard lock(mu_);
+    entry_locked(id);
+  }
+  kick();
+}
+
+Result<CertifiedKeyPtr> CertificateCache::lookup(const SpiffeId& id) {
+  std::unique_lock lock(mu_);
+  std::shared_ptr<Entry> e = entry_locked(id);
+
+  if (options_.issue_in_background) {
+    const TimePoint t = now();
+    const bool usable = e->current && t < e->current->not_after();
+    const bool due = !usable || t >= e->renew_at;
+    if (due && !e->inflight && t >= e->retry_after) kick();
+    if (usable) return e->current;
+    if (!e->last_error.empty()) return Error{e->last_error};
+    return Error{"no certificate for " + e->id.to_string() + " yet: being obtained from " +
+                 std::string(issuer_->kind())};
+  }
 
   bool waited = false;
   while (true) {
@@ -133,17 +165,28 @@ size_t CertificateCache::renew_due() {
       candidates.push_back({e, e->current, due});
     }
   }
-  size_t renewed = 0;
-  for (auto& c : candidates) {
-    // The issuer may stat files here; do it without holding the cache lock.
-    if (!c.due && !issuer_->superseded(*c.current)) continue;
-    std::unique_lock lock(mu_);
-    // Someone else may have renewed or removed it in the meantime.
-    auto it = entries_.find(c.entry->id.to_string());
-    if (it == entries_.end() || it->second != c.entry) continue;
-    if (c.entry->inflight || c.entry->current != c.current) continue;
-    if (attempt(lock, c.entry)) ++renewed;
-  }
+  std::atomic<size_t> renewed{0};
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < candidates.size(); i = next++) {
+      Candidate& c = candidates[i];
+      // The issuer may stat files here; do it without holding the cache lock.
+      if (!c.due && !issuer_->superseded(*c.current)) continue;
+      std::unique_lock lock(mu_);
+      // Someone else may have renewed or removed it in the meantime.
+      auto it = entries_.find(c.entry->id.to_string());
+      if (it == entries_.end() || it->second != c.entry) continue;
+      if (c.entry->inflight || c.entry->current != c.current) continue;
+      if (attempt(lock, c.entry)) ++renewed;
+    }
+  };
+  // A remote CA answers in a round trip: ask for several identities at once (the issuer caps
+  // its own requests in flight), so that a node full of new pods is not served one by one.
+  size_t helpers = std::min(options_.parallel_issues, candidates.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i < helpers; ++i) threads.emplace_back(work);
+  work();
+  for (auto& th : threads) th.join();
   return renewed;
 }
 
@@ -164,10 +207,19 @@ void CertificateCache::start_background_renewal(std::chrono::milliseconds period
   bg_ = std::thread([this, period] {
     std::unique_lock lk(bg_mu_);
     while (!bg_stop_) {
+      bg_kick_ = false;
       lk.unlock();
       renew_due();
+      std::chrono::milliseconds wait = period;
+      if (auto next = next_renewal()) {
+        auto until = std::chrono::duration_cast<std::chrono::milliseconds>(*next - now());
+        // At least a little: an entry due now that could not be renewed must not spin.
+        // (std::clamp needs lo <= hi, and a period may be shorter than that floor.)
+        const auto floor = std::min(std::chrono::milliseconds(10), period);
+        wait = std::clamp(until + std::chrono::milliseconds(1), floor, period);
+      }
       lk.lock();
-      bg_cv_.wait_for(lk, period, [this] { return bg_stop_; });
+      bg_cv_.wait_for(lk, wait, [this] { return bg_stop_ || bg_kick_; });
     }
   });
 }
@@ -203,6 +255,7 @@ CacheSnapshot CertificateCache::snapshot() const {
         info.not_before = e->current->not_before();
         info.not_after = e->current->not_after();
         info.renew_at = e->renew_at;
+        info.key = e->current;
       }
       const bool usable = e->current && t < e->current->not_after();
       if (e->inflight) {
@@ -220,7 +273,9 @@ CacheSnapshot CertificateCache::snapshot() const {
   if (TrustRootsPtr roots = issuer_->trust_roots()) {
     for (const auto& root : *roots) {
       RootInfo r;
+      r.pem = to_pem(root.get());
       r.subject = subject_string(root.get());
+      if (auto nb = to_time_point(X509_get0_notBefore(root.get()))) r.not_before = *nb;
       r.serial = serial_hex(root.get());
       r.sha256 = fingerprint_sha256(root.get());
       if (auto na = to_time_point(X509_get0_notAfter(root.get()))) r.not_after = *na;

@@ -26,6 +26,13 @@ struct CertificateCacheOptions {
   // failure up to max_retry: a broken CA must not be hit by every handshake.
   std::chrono::milliseconds min_retry = std::chrono::seconds(1);
   std::chrono::milliseconds max_retry = std::chrono::seconds(60);
+  // For issuers that wait on the network (a remote CA): get()/lookup() never call the issuer and
+  // never wait; they return what is there and leave issuing and renewing to the background
+  // thread, which they wake. An identity without a certificate yet gets an error until the
+  // first one arrives (prefetch() asks early). Off: first use issues on the caller's thread.
+  bool issue_in_background = false;
+  // How many identities renew_due() issues for at once (1: one after another).
+  size_t parallel_issues = 1;
 };
 
 // One identity's entry, for the admin config dump.
@@ -40,12 +47,15 @@ struct CertificateInfo {
   TimePoint not_after{};
   TimePoint renew_at{};
   std::string last_error;
+  CertifiedKeyPtr key;  // the certificate in use (leaf and intermediates); null when none
 };
 
 struct RootInfo {
+  std::string pem;
   std::string subject;
   std::string serial;
   std::string sha256;
+  TimePoint not_before{};
   TimePoint not_after{};
 };
 
@@ -82,10 +92,14 @@ class CertificateCache {
   // entries are not predictable, so a timer should also fire periodically.
   std::optional<TimePoint> next_renewal() const;
 
-  // Runs renew_due() every `period` on a thread owned by the cache, until
+  // Runs renew_due() every `period` (sooner when next_renewal() is due sooner, or when woken by
+  // a lookup in issue_in_background mode) on a thread owned by the cache, until
   // stop_background_renewal() or destruction. Calling it while running changes nothing.
   void start_background_renewal(std::chrono::milliseconds period);
   void stop_background_renewal();
+
+  // Registers `id` so that the background thread obtains its certificate before it is needed.
+  void prefetch(const SpiffeId& id);
 
   // Drops an identity (its workload left the node). Live connections keep their pointer.
   void remove(const std::string& spiffe_id);
@@ -110,6 +124,9 @@ class CertificateCache {
   // Issues for `e` with mu_ released around the issuer call; `lock` holds mu_ before and after.
   // Returns whether a certificate was obtained.
   bool attempt(std::unique_lock<std::mutex>& lock, const std::shared_ptr<Entry>& e);
+  std::shared_ptr<Entry> entry_locked(const SpiffeId& id);
+  // Wakes the background thread (issue_in_background).
+  void kick();
 
   const std::shared_ptr<CertificateIssuer> issuer_;
   const CertificateCacheOptions options_;
@@ -122,6 +139,7 @@ class CertificateCache {
   std::mutex bg_mu_;
   std::condition_variable bg_cv_;
   bool bg_stop_ = false;
+  bool bg_kick_ = false;
   std::thread bg_;
 };
 

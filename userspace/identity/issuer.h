@@ -1,9 +1,8 @@
 #pragma once
 // Where workload certificates come from. Implementations: BuiltinCa (signs locally with a root
-// kept in the state directory) and FileCertificates (mounted files). A client for Istio's CA
-// (CSR over gRPC to istiod) fits the same shape: issue() generates a key, sends the CSR and
-// waits for the chain; trust_roots() returns the bundle istiod sent; refresh() can pick up a
-// rotated bundle.
+// kept in the state directory), FileCertificates (mounted files) and IstioCaClient (a CSR over
+// gRPC to Istio's CA: issue() generates a key, sends the CSR and waits for the chain;
+// trust_roots() is the configured root file; refresh() picks up a rotated one).
 #include <memory>
 #include <string_view>
 

@@ -36,6 +36,18 @@ struct ProxyConfig {
   std::string state_dir = "/var/lib/sockmesh";
   std::string certs_dir;  // mounted certificates; empty: the built-in CA
   std::string trust_domain = "cluster.local";
+  // Istio's CA (istio.v1.auth.IstioCertificateService): when set, workload certificates come
+  // from there and win over certs_dir and the built-in CA. "https://host:port".
+  std::string ca_address;
+  // Roots that verify the CA's server certificate and the chains it returns; the mesh bundle.
+  std::string ca_root_ca = "./var/run/secrets/istio/root-cert.pem";
+  // Bearer token for the control plane (CA and xDS), read again for every call.
+  std::string token_file = "./var/run/secrets/tokens/istio-token";
+  std::string cluster_id = "Kubernetes";
+  // validity_duration asked of the CA.
+  std::chrono::seconds secret_ttl{86400};
+  // CreateCertificate calls in flight at once.
+  uint32_t ca_max_requests = 8;
   int workers = 0;  // 0: max(2, 25% of cores)
   std::chrono::milliseconds config_poll{1000};
   // How often certificates are checked for renewal and mounted files (certificates and

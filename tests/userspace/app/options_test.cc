@@ -1,17 +1,19 @@
-// The xDS settings and ztunnel's environment variables: a flag wins over SOCKMESH_<FLAG>, which
-// wins over ztunnel's name for the same setting.
+// The control-plane settings (xDS and Istio's CA), Istio's durations and ztunnel's environment
+// variables: a flag wins over SOCKMESH_<FLAG>, which wins over ztunnel's name for the setting.
 #include "app/options.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
+
+#include <cstdlib>
 
 namespace sockmesh::app {
 namespace {
 
-class EnvVar {
+// Sets an environment variable for one test and restores the absence afterwards.
+class ScopedEnv {
  public:
-  EnvVar(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~EnvVar() { unsetenv(name_); }
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
 
  private:
   const char* name_;
@@ -27,15 +29,15 @@ TEST(XdsOptions, DefaultsAsZtunnel) {
 }
 
 TEST(XdsOptions, ZtunnelVariablesAreRead) {
-  EnvVar a("XDS_ADDRESS", "https://istiod.istio-system.svc:15012");
-  EnvVar r("XDS_ROOT_CA", "/r.pem");
-  EnvVar t("AUTH_TOKEN", "/t");
-  EnvVar c("CLUSTER_ID", "c2");
-  EnvVar n("NODE_NAME", "n1");
-  EnvVar p("POD_NAME", "ztunnel-x");
-  EnvVar ns("POD_NAMESPACE", "istio-system");
-  EnvVar ip("INSTANCE_IP", "10.0.0.9");
-  EnvVar l("LOCAL_XDS_PATH", "/local.yaml");
+  ScopedEnv a("XDS_ADDRESS", "https://istiod.istio-system.svc:15012");
+  ScopedEnv r("XDS_ROOT_CA", "/r.pem");
+  ScopedEnv t("AUTH_TOKEN", "/t");
+  ScopedEnv c("CLUSTER_ID", "c2");
+  ScopedEnv n("NODE_NAME", "n1");
+  ScopedEnv p("POD_NAME", "ztunnel-x");
+  ScopedEnv ns("POD_NAMESPACE", "istio-system");
+  ScopedEnv ip("INSTANCE_IP", "10.0.0.9");
+  ScopedEnv l("LOCAL_XDS_PATH", "/local.yaml");
   Options o;
   ASSERT_EQ(parse_options({}, &o), std::nullopt);
   EXPECT_EQ(o.xds.address, "https://istiod.istio-system.svc:15012");
@@ -50,10 +52,10 @@ TEST(XdsOptions, ZtunnelVariablesAreRead) {
 }
 
 TEST(XdsOptions, FlagWinsOverSockmeshVariableWhichWinsOverZtunnels) {
-  EnvVar z("XDS_ADDRESS", "https://from-ztunnel-env:15012");
+  ScopedEnv z("XDS_ADDRESS", "https://from-ztunnel-env:15012");
   {
     Options o;
-    EnvVar s("SOCKMESH_XDS_ADDRESS", "https://from-sockmesh-env:15012");
+    ScopedEnv s("SOCKMESH_XDS_ADDRESS", "https://from-sockmesh-env:15012");
     ASSERT_EQ(parse_options({}, &o), std::nullopt);
     EXPECT_EQ(o.xds.address, "https://from-sockmesh-env:15012");
   }
@@ -69,6 +71,83 @@ TEST(XdsOptions, HelpListsZtunnelsVariables) {
         "POD_NAME", "POD_NAMESPACE", "INSTANCE_IP", "LOCAL_XDS_PATH"}) {
     EXPECT_NE(u.find(s), std::string::npos) << s;
   }
+}
+
+TEST(XdsOptions, OneTokenFileAndClusterIdForXdsAndTheCa) {
+  Options o;
+  ASSERT_EQ(parse_options({"--xds-token-file", "/t", "--cluster-id", "c9"}, &o), std::nullopt);
+  EXPECT_EQ(o.xds.token_file, "/t");
+  EXPECT_EQ(o.proxy.token_file, "/t");
+  EXPECT_EQ(o.xds.cluster_id, "c9");
+  EXPECT_EQ(o.proxy.cluster_id, "c9");
+}
+
+TEST(XdsOptions, TheCaIsAtIstiodsAddressUnlessTold) {
+  Options o;
+  ASSERT_EQ(parse_options({"--xds-address", "https://istiod:15012"}, &o), std::nullopt);
+  EXPECT_EQ(o.proxy.ca_address, "https://istiod:15012");
+  Options p;
+  ASSERT_EQ(parse_options({"--xds-address", "https://istiod:15012", "--ca-address",
+                           "https://ca:15012"}, &p), std::nullopt);
+  EXPECT_EQ(p.proxy.ca_address, "https://ca:15012");
+  Options q;  // '' keeps the built-in CA (or --certs-dir) while xDS is on
+  ASSERT_EQ(parse_options({"--xds-address", "https://istiod:15012", "--ca-address", ""}, &q),
+            std::nullopt);
+  EXPECT_EQ(q.proxy.ca_address, "");
+}
+
+TEST(OptionsTest, CaSettingsDefaults) {
+  Options o;
+  ASSERT_EQ(parse_options({}, &o), std::nullopt);
+  EXPECT_EQ(o.proxy.ca_address, "");
+  EXPECT_EQ(o.proxy.ca_root_ca, "./var/run/secrets/istio/root-cert.pem");
+  EXPECT_EQ(o.proxy.token_file, "./var/run/secrets/tokens/istio-token");
+  EXPECT_EQ(o.proxy.cluster_id, "Kubernetes");
+  EXPECT_EQ(o.proxy.secret_ttl, std::chrono::hours(24));
+  EXPECT_EQ(o.proxy.ca_max_requests, 8u);
+}
+
+TEST(OptionsTest, SecretTtlTakesIstioDurations) {
+  for (auto [text, seconds] :
+       {std::pair{"20s", 20}, {"24h", 86400}, {"1h30m", 5400}, {"90", 90}, {"2m", 120}}) {
+    Options o;
+    ASSERT_EQ(parse_options({"--secret-ttl", text}, &o), std::nullopt) << text;
+    EXPECT_EQ(o.proxy.secret_ttl.count(), seconds) << text;
+  }
+  for (const char* bad : {"", "1d", "h", "-5s", "500ms", "10x"}) {
+    Options o;
+    auto err = parse_options({"--secret-ttl", bad}, &o);
+    ASSERT_TRUE(err.has_value()) << bad;
+    EXPECT_NE(err->find("--secret-ttl"), std::string::npos) << *err;
+  }
+}
+
+TEST(OptionsTest, ZtunnelVariablesWorkAndFlagsWin) {
+  ScopedEnv a("CA_ADDRESS", "https://istiod.istio-system.svc:15012");
+  ScopedEnv b("SECRET_TTL", "12h");
+  ScopedEnv c("AUTH_TOKEN", "/tmp/token");
+  ScopedEnv d("CLUSTER_ID", "east");
+  ScopedEnv e("TRUST_DOMAIN", "example.org");
+  ScopedEnv f("CA_ROOT_CA", "/tmp/root.pem");
+  Options o;
+  ASSERT_EQ(parse_options({"--secret-ttl", "1h"}, &o), std::nullopt);
+  EXPECT_EQ(o.proxy.ca_address, "https://istiod.istio-system.svc:15012");
+  EXPECT_EQ(o.proxy.secret_ttl, std::chrono::hours(1)) << "the flag wins";
+  EXPECT_EQ(o.proxy.token_file, "/tmp/token");
+  EXPECT_EQ(o.proxy.cluster_id, "east");
+  EXPECT_EQ(o.proxy.trust_domain, "example.org");
+  EXPECT_EQ(o.proxy.ca_root_ca, "/tmp/root.pem");
+  {
+    ScopedEnv g("SOCKMESH_CLUSTER_ID", "west");
+    Options p;
+    ASSERT_EQ(parse_options({}, &p), std::nullopt);
+    EXPECT_EQ(p.proxy.cluster_id, "west") << "SOCKMESH_<FLAG> wins over ztunnel's name";
+  }
+  ScopedEnv bad("SECRET_TTL", "soon");
+  Options q;
+  auto err = parse_options({}, &q);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_EQ(err->rfind("SECRET_TTL: ", 0), 0u) << *err;
 }
 
 }  // namespace

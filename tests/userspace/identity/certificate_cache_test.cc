@@ -26,7 +26,12 @@ class TestIssuer : public CertificateIssuer {
   explicit TestIssuer(std::shared_ptr<CertificateIssuer> inner) : inner_(std::move(inner)) {}
   Result<CertifiedKeyPtr> issue(const SpiffeId& id) override {
     ++calls;
+    int now_in = ++in_flight;
+    for (int seen = max_in_flight;
+         now_in > seen && !max_in_flight.compare_exchange_weak(seen, now_in);) {
+    }
     if (delay.load().count() > 0) std::this_thread::sleep_for(delay.load());
+    --in_flight;
     if (fail) return Error{"CA unavailable"};
     return inner_->issue(id);
   }
@@ -34,6 +39,8 @@ class TestIssuer : public CertificateIssuer {
   std::string_view kind() const override { return "test"; }
 
   std::atomic<int> calls{0};
+  std::atomic<int> in_flight{0};
+  std::atomic<int> max_in_flight{0};
   std::atomic<bool> fail{false};
   std::atomic<std::chrono::milliseconds> delay{0ms};
 
@@ -270,6 +277,65 @@ TEST_F(CertificateCacheTest, BackgroundRenewal) {
   cache_->stop_background_renewal();
   EXPECT_NE(serial, first->serial());
   EXPECT_EQ(issuer_->calls, 2);
+}
+
+// A remote CA's issuer: lookups never call it (they run on io threads), the background thread
+// does, woken by the lookup rather than at its next period.
+TEST_F(CertificateCacheTest, BackgroundModeNeverIssuesOnTheCallersThread) {
+  CertificateCacheOptions options;
+  options.issue_in_background = true;
+  CertificateCache cache(issuer_, options);
+  issuer_->delay = 200ms;
+  auto first = cache.lookup(kWeb);
+  ASSERT_FALSE(first.ok());
+  EXPECT_NE(first.error().message.find("being obtained from test"), std::string::npos)
+      << first.error().message;
+  EXPECT_EQ(issuer_->calls, 0);
+  cache.start_background_renewal(1h);  // only a wake-up can make it issue within the test
+  Result<CertifiedKeyPtr> got = Error{"not tried"};
+  for (int i = 0; i < 300; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    got = cache.lookup(kWeb);
+    // Never waits for the 200 ms issuance in progress.
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 100ms);
+    if (got.ok()) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  cache.stop_background_renewal();
+  ASSERT_TRUE(got.ok()) << got.error().message;
+  EXPECT_EQ(issuer_->calls, 1);
+}
+
+TEST_F(CertificateCacheTest, BackgroundModeReportsTheLastFailureAndPrefetches) {
+  CertificateCacheOptions options;
+  options.issue_in_background = true;
+  CertificateCache cache(issuer_, options);
+  issuer_->fail = true;
+  cache.prefetch(*SpiffeId::parse(kDb));
+  EXPECT_EQ(cache.renew_due(), 0u);
+  auto r = cache.lookup(kDb);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().message, "CA unavailable");
+  EXPECT_EQ(issuer_->calls, 1);
+}
+
+// Several identities due at once are asked for together, up to parallel_issues, not beyond.
+TEST_F(CertificateCacheTest, RenewDueIssuesUpToParallelIssuesAtOnce) {
+  for (size_t parallel : {size_t{1}, size_t{3}}) {
+    CertificateCacheOptions options;
+    options.clock = clock_.fn();
+    options.issue_in_background = true;
+    options.parallel_issues = parallel;
+    CertificateCache cache(issuer_, options);
+    for (int i = 0; i < 6; ++i) {
+      cache.prefetch(*SpiffeId::parse("spiffe://cluster.local/ns/n" + std::to_string(i) + "/sa/a"));
+    }
+    issuer_->max_in_flight = 0;
+    issuer_->delay = 200ms;  // long enough for the helpers to overlap even on a busy machine
+    EXPECT_EQ(cache.renew_due(), 6u);
+    EXPECT_LE(issuer_->max_in_flight, static_cast<int>(parallel));
+    EXPECT_GE(issuer_->max_in_flight, parallel == 1 ? 1 : 2);
+  }
 }
 
 TEST(CertificateCacheConfigTest, RejectsBadConfiguration) {
