@@ -20,6 +20,7 @@
 #include "loader/agent/zds_server.h"
 #include "loader/attach/node.h"
 #include "loader/attach/pod.h"
+#include "loader/attach/probe_snat.h"
 #include "loader/maps/counters.h"
 #include "loader/maps/listener_map.h"
 #include "loader/maps/workload_map.h"
@@ -213,6 +214,14 @@ int run_unenroll(const std::string& root, const Args& args) {
 }
 
 int run_agent(const std::string& root, const Args& args) {
+  // First, while this is the only thread: every thread and child started later inherits it.
+  if (auto moved = loader::join_host_cgroup_namespace(); !moved) {
+    SM_WARN("agent") << moved.error().message
+                     << " (kubelet probes are captured unless --probe-cgroup resolves)";
+  } else if (*moved) {
+    SM_INFO("agent") << "entered the host's cgroup namespace (/proc/1/ns/cgroup), where "
+                        "--probe-cgroup is resolved";
+  }
   agent::RunOptions options;
   options.install.pin_root = root;
   options.install.cgroup = args.value("--cgroup");

@@ -89,8 +89,17 @@ void LoaderEnroller::refresh_probe_exemption() {
     if (!changed) return fail("updating " SM_MAP_NODE_ADDRS ": " + changed.error().message);
     probe_map_written_ = true;
   }
-  auto id = loader::cgroup_id(options_.probe_cgroup);
-  if (!id) return fail(id.error().message + " (--probe-cgroup names the kubelet's cgroup)");
+  // The kernel resolves the rule's cgroup path by itself; the id seen through a mount only
+  // tells a kubelet cgroup made anew (a restart). A container may show no mount holding it.
+  auto seen = loader::cgroup_id(options_.probe_cgroup, options_.cgroup_root);
+  const uint64_t id_value = seen ? *seen : 1;
+  if (!seen && !probe_cgroup_unseen_logged_) {
+    probe_cgroup_unseen_logged_ = true;
+    SM_WARN("agent") << "kubelet probes: " << seen.error().message
+                     << "; the SNAT rules name the cgroup anyway (the kernel resolves it), but a "
+                        "kubelet cgroup made anew is not noticed until the agent restarts";
+  }
+  const uint64_t* id = &id_value;
   auto enrolled = list();
   if (!enrolled) return fail("listing the enrolled pods: " + enrolled.error().message);
   std::set<IpAddress> pods;

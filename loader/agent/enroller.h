@@ -59,6 +59,7 @@ struct LoaderEnrollerOptions {
   // nothing is exempt, probes are captured like any other connection.
   bool exempt_probes = true;
   std::string probe_cgroup = "system.slice/kubelet.service";
+  std::string cgroup_root;  // the host's cgroup v2 hierarchy (--cgroup); empty: found in mounts
   std::string proc_root = "/proc";
 };
 
@@ -85,6 +86,7 @@ class LoaderEnroller : public Enroller {
   std::mutex probe_mutex_;  // the agent's threads: CNI events, the sweep
   bool probe_map_written_ = false;
   uint64_t probe_cgroup_id_ = 0;  // of the rules last written; 0: none
+  bool probe_cgroup_unseen_logged_ = false;
   std::set<IpAddress> probe_pods_;
   std::string probe_error_;  // the last failure logged
   dev_t host_dev_ = 0;

@@ -136,6 +136,7 @@ int run_agent(const RunOptions& options, std::unique_ptr<WorkloadHandoff> handof
   LoaderEnrollerOptions enroller_options{options.install.pin_root};
   enroller_options.exempt_probes = options.exempt_probes;
   enroller_options.probe_cgroup = options.probe_cgroup;
+  enroller_options.cgroup_root = options.install.cgroup;
   LoaderEnroller enroller(enroller_options);
   enroller.refresh_probe_exemption();
   ProcPodNetnsFinder finder;

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <mntent.h>
+#include <sched.h>
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -114,16 +115,35 @@ std::string probe_snat_rules(const std::string& cgroup, const std::set<IpAddress
   return out;
 }
 
-maps::Result<uint64_t> cgroup_id(const std::string& cgroup) {
+maps::Result<bool> join_host_cgroup_namespace(const std::string& init_ns) {
+  struct stat host {}, self {};
+  if (stat(init_ns.c_str(), &host) != 0) return false;  // no host /proc/1 to join
+  if (stat("/proc/self/ns/cgroup", &self) != 0) {
+    return Error::from_errno(errno, "reading /proc/self/ns/cgroup");
+  }
+  if (host.st_ino == self.st_ino && host.st_dev == self.st_dev) return false;
+  UniqueFd fd(open(init_ns.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return Error::from_errno(errno, "opening " + init_ns);
+  if (setns(fd.get(), CLONE_NEWCGROUP) != 0) {
+    return Error::from_errno(errno, "entering the host's cgroup namespace (" + init_ns + ")");
+  }
+  return true;
+}
+
+maps::Result<uint64_t> cgroup_id(const std::string& cgroup, const std::string& inside) {
+  // The cgroup2 mount that holds `inside` (the longest mount point that is a prefix of it), or
+  // the first one: a container may have its own at /sys/fs/cgroup and the host's elsewhere.
   FILE* mounts = setmntent("/proc/self/mounts", "re");
   if (mounts == nullptr) return Error::from_errno(errno, "reading /proc/self/mounts");
-  std::string root;
+  std::string first, holding;
   while (mntent* m = getmntent(mounts)) {
-    if (std::string(m->mnt_type) == "cgroup2") {
-      root = m->mnt_dir;
-      break;
-    }
+    if (std::string(m->mnt_type) != "cgroup2") continue;
+    const std::string dir = m->mnt_dir;
+    if (first.empty()) first = dir;
+    bool holds = !inside.empty() && (inside == dir || inside.rfind(dir + "/", 0) == 0);
+    if (holds && dir.size() > holding.size()) holding = dir;
   }
+  const std::string root = holding.empty() ? first : holding;
   endmntent(mounts);
   if (root.empty()) return Error{ENOENT, "cgroup v2 is not mounted (no cgroup2 in /proc/mounts)"};
   const std::string path = root + "/" + cgroup;

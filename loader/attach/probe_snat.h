@@ -28,8 +28,17 @@ IpAddress probe_snat_v6();  // fd16:9254:7127:1337:ffff:ffff:ffff:ffff
 std::string probe_snat_rules(const std::string& cgroup, const std::set<IpAddress>& pods, bool v6,
                              bool add_jump);
 
-// The inode of the cgroup v2 directory <mount>/<cgroup> (its id), found through /proc/self/mounts.
-maps::Result<uint64_t> cgroup_id(const std::string& cgroup);
+// The inode of the cgroup v2 directory <mount>/<cgroup> (its id): the cgroup2 mount that holds
+// the directory `inside` (the agent's --cgroup, on the host's hierarchy), else the first cgroup2
+// mount of /proc/self/mounts.
+maps::Result<uint64_t> cgroup_id(const std::string& cgroup, const std::string& inside = "");
+
+// The kernel resolves `-m cgroup --path` in the cgroup namespace of the process writing the rule.
+// An agent in a container has a namespace of its own (its cgroup is its root), where the
+// kubelet's cgroup has no path. With the host's PID namespace, /proc/1/ns/cgroup is the host's:
+// the calling thread (call it first in main, so every thread and child inherits it) moves there.
+// Returns whether it moved; the same namespace already, or no /proc/1 of the host, is no error.
+maps::Result<bool> join_host_cgroup_namespace(const std::string& init_ns = "/proc/1/ns/cgroup");
 
 // Writes the rules of both families in the calling thread's netns. A family with no pod address
 // gets an empty chain (written only when ip(6)tables works at all).

@@ -79,7 +79,9 @@ class ChartRuntime:
             sets = {"tag": self.image.split(":")[1], "runDir": n.run_dir, "zdsSocketDir": n.run_dir,
                     "cniBinDir": n.bin_dir, "cniConfDir": n.conf_dir, "cniNetnsDir": "/run/netns",
                     "bpfPinRoot": n.pin_root, "cgroupRoot": n.cgroup,
-                    "builtinCA.stateDir": c.ca_dir, "terminationGracePeriodSeconds": "8"}
+                    "builtinCA.stateDir": c.ca_dir, "terminationGracePeriodSeconds": "8",
+                    # The simulated kubelet (cluster.Node.kubelet_sh), on the host's hierarchy.
+                    "node.probeCgroup": os.path.relpath(n.kubelet_cgroup, cgroup2_mount())}
             argv = [HELM, "template", "sockmesh", CHART, "-n", "istio-system"]
             for k, v in sets.items():
                 argv += ["--set", "%s=%s" % (k, v)]

@@ -10,7 +10,8 @@ raises PodSpecError rather than being dropped silently.
                                        --security-opt no-new-privileges
     command / args                     --entrypoint, args with $(VAR) expanded from the env
     env (value, fieldRef)              -e NAME=value; fieldRefs from the PodContext
-    hostPath                           -v path:mountPath[:ro][,rshared|rslave]; DirectoryOrCreate
+    hostPath                           -v path:mountPath[:ro][,rshared|rslave]; DirectoryOrCreate,
+                                       FileOrCreate
                                        makes the directory
     configMap                          -v <dir the caller gives>:mountPath:ro (a live directory,
                                        as the kubelet keeps a ConfigMap volume up to date)
@@ -76,6 +77,9 @@ def _volume_source(vol, ctx, container_name):
         kind = hp.get("type", "")
         if kind == "DirectoryOrCreate":
             os.makedirs(hp["path"], exist_ok=True)
+        elif kind == "FileOrCreate" and not os.path.exists(hp["path"]):
+            os.makedirs(os.path.dirname(hp["path"]), exist_ok=True)
+            open(hp["path"], "a").close()
         elif kind == "Directory" and not os.path.isdir(hp["path"]):
             raise PodSpecError("hostPath %s (type Directory) does not exist" % hp["path"])
         return hp["path"]

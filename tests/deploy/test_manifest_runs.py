@@ -63,6 +63,17 @@ class ManifestRuns(unittest.TestCase):
             r = client.client("%s:%d" % (pods["echo-a"].ip, APP_PORT), "--bytes", 4096)
             self.assertEqual(r.get("servers"), ["shop/echo-a"], r)
 
+            # The kubelet's probes: the agent container wrote the SNAT rule (its image's
+            # iptables, in the host's cgroup namespace), so a probe from the kubelet's cgroup
+            # reaches the app as 169.254.7.127, uncaptured.
+            probe = json.loads(a.kubelet_sh([cluster.PYTHON, cluster.PODAPP, "client", "--target",
+                                             "%s:%d" % (pods["echo-a"].ip, APP_PORT), "--bytes",
+                                             "1024", "--timeout", "5"],
+                                            check=False).strip().splitlines()[-1])
+            self.assertTrue(probe.get("ok"), "probe: %s\nagent:\n%s" % (probe, a.agent.log()[-3000:]))
+            self.assertEqual(probe.get("seen_as"), ["169.254.7.127"],
+                             "probe: %s\nagent:\n%s" % (probe, a.agent.log()[-3000:]))
+
             # Uninstall, as helm uninstall does it: the pods go (SIGTERM; the installer removes
             # what it added, as the manifest's --uninstall-on-exit says), then the datapath is
             # unloaded with the image's own loader.
