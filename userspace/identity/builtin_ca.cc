@@ -13,6 +13,7 @@
 
 #include "base/errno_text.h"
 #include "base/log.h"
+#include "identity/csr.h"
 #include "identity/file_util.h"
 
 namespace sockmesh::identity {
@@ -53,28 +54,12 @@ bool add_ext(X509* cert, X509* issuer, int nid, const char* value) {
   return ok == 1;
 }
 
-// Built as a structure rather than a config string so that nothing in the ID can be read as
-// extension syntax.
 bool add_uri_san(X509* cert, const std::string& uri) {
-  struct NamesFree {
-    void operator()(GENERAL_NAMES* p) const { GENERAL_NAMES_free(p); }
-  };
-  std::unique_ptr<GENERAL_NAMES, NamesFree> names(sk_GENERAL_NAME_new_null());
-  GENERAL_NAME* name = GENERAL_NAME_new();
-  ASN1_IA5STRING* ia5 = ASN1_IA5STRING_new();
-  if (!names || name == nullptr || ia5 == nullptr ||
-      ASN1_STRING_set(ia5, uri.data(), static_cast<int>(uri.size())) != 1) {
-    GENERAL_NAME_free(name);
-    ASN1_IA5STRING_free(ia5);
-    return false;
-  }
-  GENERAL_NAME_set0_value(name, GEN_URI, ia5);
-  if (sk_GENERAL_NAME_push(names.get(), name) <= 0) {
-    GENERAL_NAME_free(name);
-    return false;
-  }
-  // Critical because the subject is empty (RFC 5280 4.2.1.6).
-  return X509_add1_ext_i2d(cert, NID_subject_alt_name, names.get(), 1, X509V3_ADD_DEFAULT) == 1;
+  X509_EXTENSION* ext = uri_san_extension(uri);
+  if (ext == nullptr) return false;
+  bool ok = X509_add_ext(cert, ext, -1) == 1;
+  X509_EXTENSION_free(ext);
+  return ok;
 }
 
 // EdDSA keys sign without a separate digest.

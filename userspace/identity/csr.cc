@@ -17,9 +17,15 @@ struct ExtsFree {
     sk_X509_EXTENSION_pop_free(p, X509_EXTENSION_free);
   }
 };
+bool self_signed(X509* cert) { return X509_check_issued(cert, cert) == X509_V_OK; }
+
+}  // namespace
+
+namespace {
 struct NamesFree {
   void operator()(GENERAL_NAMES* p) const { GENERAL_NAMES_free(p); }
 };
+}  // namespace
 
 // The SAN is built as a structure, not from a config string, so nothing in the ID can be read
 // as extension syntax.
@@ -41,10 +47,6 @@ X509_EXTENSION* uri_san_extension(const std::string& uri) {
   // Critical because the subject is empty (RFC 5280 4.2.1.6).
   return X509V3_EXT_i2d(NID_subject_alt_name, 1, names.get());
 }
-
-bool self_signed(X509* cert) { return X509_check_issued(cert, cert) == X509_V_OK; }
-
-}  // namespace
 
 Result<CertificateRequest> make_certificate_request(const SpiffeId& id) {
   ERR_clear_error();

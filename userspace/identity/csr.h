@@ -22,6 +22,11 @@ struct CertificateRequest {
 // as a URI, with an empty subject, as Istio's agents send them.
 Result<CertificateRequest> make_certificate_request(const SpiffeId& id);
 
+// A critical subjectAltName extension holding one URI (the SPIFFE ID), built as a structure, not
+// from a config string, so nothing in the ID is read as extension syntax. Null on failure; the
+// caller frees it. For CSRs here and for the built-in CA's leaves.
+X509_EXTENSION* uri_san_extension(const std::string& uri);
+
 // Checks a chain returned for `requested` (PEM blocks, leaf first, the root possibly last) and
 // pairs it with `key`: the leaf must hold `key`'s public half, carry exactly the SPIFFE ID asked
 // for, and chain (through the intermediates given) to one of `roots` at `now`. Errors say which
