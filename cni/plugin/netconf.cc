@@ -107,7 +107,9 @@ NetConfResult parse_netconf(std::string_view stdin_text) {
   Json j;
   try {
     j = Json::parse(stdin_text);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {
+    // parse_error, and out_of_range for a number that overflows (e.g. 2E220222): both are bad
+    // input, neither may escape (found by the cni_plugin fuzz target).
     out.error = decoding(
         "the network configuration on stdin is not valid JSON: check the .conflist in the CNI "
         "conf dir",

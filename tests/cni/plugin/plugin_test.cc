@@ -272,6 +272,10 @@ TEST_F(PluginTest, BadInputGivesTheSpecsCodesAndBothersNobody) {
   expect_error(run_binary(env("ADD"), "{\"cniVersion\": \"1.0.0\", "), 6, "not valid JSON");
   expect_error(run_binary(env("ADD"), ""), 6);
   expect_error(run_binary(env("ADD"), "[1, 2]"), 6);
+  // A number too large for a double is nlohmann's out_of_range, not a parse_error: it aborted
+  // the plugin (found by the cni_plugin fuzz target, seed regress_number_overflow).
+  expect_error(run_binary(env("ADD"), "{\"cniVersion\": \"1.0.0\", \"x\": 2E220222}"), 6,
+               "not valid JSON");
   Json mistyped = config();
   mistyped["exclude_namespaces"] = "kube-system";
   expect_error(run_binary(env("ADD"), mistyped.dump()), 6, "exclude_namespaces");
