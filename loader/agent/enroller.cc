@@ -92,27 +92,26 @@ void LoaderEnroller::refresh_probe_exemption() {
   // The kernel resolves the rule's cgroup path by itself; the id seen through a mount only
   // tells a kubelet cgroup made anew (a restart). A container may show no mount holding it.
   auto seen = loader::cgroup_id(options_.probe_cgroup, options_.cgroup_root);
-  const uint64_t id_value = seen ? *seen : 1;
+  const uint64_t id = seen ? *seen : 1;  // 1: not visible here
   if (!seen && !probe_cgroup_unseen_logged_) {
     probe_cgroup_unseen_logged_ = true;
     SM_WARN("agent") << "kubelet probes: " << seen.error().message
                      << "; the SNAT rules name the cgroup anyway (the kernel resolves it), but a "
                         "kubelet cgroup made anew is not noticed until the agent restarts";
   }
-  const uint64_t* id = &id_value;
   auto enrolled = list();
   if (!enrolled) return fail("listing the enrolled pods: " + enrolled.error().message);
   std::set<IpAddress> pods;
   for (const auto& e : *enrolled) {
     if (e.record.enrolled) pods.insert(e.ip);
   }
-  if (*id == probe_cgroup_id_ && pods == probe_pods_) return;
+  if (id == probe_cgroup_id_ && pods == probe_pods_) return;
   if (auto applied = loader::apply_probe_snat(options_.probe_cgroup, pods); !applied) {
     probe_cgroup_id_ = 0;  // written again next time
     return fail("SNAT rules in the node's netns: " + applied.error().message);
   }
-  bool cgroup_changed = probe_cgroup_id_ != 0 && *id != probe_cgroup_id_;
-  probe_cgroup_id_ = *id;
+  bool cgroup_changed = probe_cgroup_id_ != 0 && id != probe_cgroup_id_;
+  probe_cgroup_id_ = id;
   probe_pods_ = std::move(pods);
   probe_error_.clear();
   SM_INFO("agent") << "kubelet probes: connections from cgroup " << options_.probe_cgroup

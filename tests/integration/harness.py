@@ -289,6 +289,18 @@ def recv_all(s):
         chunks.append(d)
 
 
+def read_line(s):
+    """One line from socket s (byte by byte, so nothing after it is consumed), without the
+    newline; what came before EOF if the peer closed first."""
+    line = b""
+    while not line.endswith(b"\n"):
+        d = s.recv(1)
+        if not d:
+            break
+        line += d
+    return line.decode().strip()
+
+
 def transfer_and_check(s, payload):
     """Sends payload (in a thread), reads the echo to EOF; returns True when identical."""
     def send():

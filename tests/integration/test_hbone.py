@@ -37,13 +37,7 @@ class MeshTest(unittest.TestCase):
         self.mesh.cleanup()
 
     def whoami(self, s):
-        line = b""
-        while not line.endswith(b"\n"):
-            d = s.recv(1)
-            if not d:
-                break
-            line += d
-        return line.decode().strip()
+        return harness.read_line(s)
 
 
 class TunnelTest(MeshTest):

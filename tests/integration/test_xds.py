@@ -54,13 +54,7 @@ def deny_principal(name, principal):
 
 
 def whoami(s):
-    line = b""
-    while not line.endswith(b"\n"):
-        d = s.recv(1)
-        if not d:
-            break
-        line += d
-    return line.decode().strip()
+    return harness.read_line(s)
 
 
 def readiness(node):
