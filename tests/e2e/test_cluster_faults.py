@@ -30,10 +30,12 @@ class Faults(unittest.TestCase):
         except subprocess.TimeoutExpired as e:
             self.fail("bench/faults.py %s ran over %d s:\n%s" % (
                 " ".join(args), timeout, (e.output or "")[-6000:]))
-        sys.stderr.write(r.stdout[-6000:])
+        # The verdicts first: a CI log that keeps only the head of a failure still says which.
+        verdicts = [line for line in r.stdout.splitlines() if "FAIL: " in line]
+        sys.stderr.write("".join("%s\n" % v for v in verdicts) + r.stdout[-6000:])
         self.assertEqual(r.returncode, 0, "bench/faults.py %s failed (seed %d, repeat with "
-                         "SOCKMESH_FAULTS_SEED=%d):\n%s" % (" ".join(args), SEED, SEED,
-                                                            r.stdout[-4000:]))
+                         "SOCKMESH_FAULTS_SEED=%d):\n%s\n%s" % (
+                             " ".join(args), SEED, SEED, "\n".join(verdicts), r.stdout[-4000:]))
         self.assertIn("failures: none", r.stdout)
         return r.stdout
 
