@@ -28,6 +28,10 @@ std::string_view to_string(ListenerKind kind) {
       return "inbound-plaintext";
     case ListenerKind::kHbone:
       return "hbone";
+    case ListenerKind::kDnsUdp:
+      return "dns-udp";
+    case ListenerKind::kDnsTcp:
+      return "dns-tcp";
   }
   return "unknown";
 }
@@ -40,6 +44,9 @@ uint16_t port_of(ListenerKind kind) {
       return SM_PORT_INBOUND_PLAIN;
     case ListenerKind::kHbone:
       return SM_PORT_HBONE;
+    case ListenerKind::kDnsUdp:
+    case ListenerKind::kDnsTcp:
+      return SM_PORT_DNS;
   }
   return 0;
 }

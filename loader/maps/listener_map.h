@@ -20,6 +20,8 @@ enum class ListenerKind : uint32_t {
   kOutbound = SM_LISTENER_OUTBOUND,           // 15001, IP_TRANSPARENT
   kInboundPlain = SM_LISTENER_INBOUND_PLAIN,  // 15006
   kHbone = SM_LISTENER_HBONE,                 // 15008 (tc does not use this slot)
+  kDnsUdp = SM_LISTENER_DNS_UDP,              // 15053/udp, IP_TRANSPARENT
+  kDnsTcp = SM_LISTENER_DNS_TCP,              // 15053/tcp, IP_TRANSPARENT
 };
 
 std::string_view to_string(ListenerKind kind);
@@ -35,7 +37,8 @@ class ListenerMap {
  public:
   static Result<ListenerMap> open(const std::string& pin_root = SM_PIN_ROOT_DEFAULT);
 
-  // Registers a listening TCP socket (any netns) for the pod; replaces a previous one.
+  // Registers a listening TCP socket, or for kDnsUdp a bound UDP socket (any netns), for the pod;
+  // replaces a previous one.
   Status add(const IpAddress& pod_ip, ListenerKind kind, int listening_fd);
   // Unregisters; true if the slot was filled. Closing the socket has the same effect.
   Result<bool> remove(const IpAddress& pod_ip, ListenerKind kind);

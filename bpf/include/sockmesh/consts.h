@@ -7,6 +7,8 @@
 #define SM_PORT_OUTBOUND 15001      /* captured outbound connections (transparent) */
 #define SM_PORT_INBOUND_PLAIN 15006 /* captured inbound plaintext connections */
 #define SM_PORT_HBONE 15008         /* HBONE (mTLS HTTP/2 CONNECT); never captured */
+#define SM_PORT_DNS 15053           /* captured DNS queries, UDP and TCP (the proxy's DNS proxy) */
+#define SM_PORT_DNS_QUERY 53        /* what capture takes: queries to this port, any address */
 
 /* Packet and socket marks (SO_MARK / skb->mark). All sockmesh bits live under SM_MARK_MASK, so
  * that other users of the mark (CNIs, kube-proxy: 0x4000/0x8000, Calico: 0xffff0000) keep theirs.
@@ -39,6 +41,8 @@
 
 /* Map sizes. */
 #define SM_MAX_WORKLOADS 16384
+/* Kept at its first size so that pinned maps stay reusable across an upgrade: with five kinds
+ * it holds every listener of 9,830 pods. */
 #define SM_MAX_LISTENERS (3 * SM_MAX_WORKLOADS)
 #define SM_MAX_BYPASS_SOCKETS 65536
 #define SM_MAX_STACK_FLOWS 16384

@@ -16,6 +16,9 @@ struct sm_ip {
 enum sm_workload_flags {
   SM_WL_ENROLLED = 1u << 0,        /* capture this workload's traffic */
   SM_WL_CAPTURE_INBOUND = 1u << 1, /* capture inbound connections to its app ports (15006) */
+  SM_WL_CAPTURE_DNS = 1u << 2,     /* capture its DNS queries (UDP and TCP to port 53) into the
+                                      proxy's DNS listeners (15053); off for a pod labelled or
+                                      annotated ambient.istio.io/dns-capture=false */
   /* Loader bookkeeping, so that unenroll restores exactly what enroll changed. */
   SM_WL_SET_ACCEPT_LOCAL = 1u << 8, /* enroll turned accept_local on for the pod's device */
   SM_WL_MADE_CLSACT = 1u << 9,      /* enroll created the clsact qdisc on the pod's device */
@@ -39,7 +42,9 @@ enum sm_listener_kind {
   SM_LISTENER_INBOUND_PLAIN = 1, /* port SM_PORT_INBOUND_PLAIN */
   SM_LISTENER_HBONE = 2,         /* port SM_PORT_HBONE (registered for completeness; not used
                                     by tc, which lets HBONE through to it untouched) */
-  SM_LISTENER_KIND_COUNT = 3,
+  SM_LISTENER_DNS_UDP = 3,       /* port SM_PORT_DNS, a UDP socket (IP_TRANSPARENT) */
+  SM_LISTENER_DNS_TCP = 4,       /* port SM_PORT_DNS, a TCP listener (IP_TRANSPARENT) */
+  SM_LISTENER_KIND_COUNT = 5,
 };
 
 /* Key of SM_MAP_LISTENERS (a SOCKHASH of listening sockets): the pod's IP and the listener. */
