@@ -63,11 +63,11 @@ maps::Status LoaderEnroller::enroll(const PodRecord& pod, const std::string& tru
     }
     return report.error();
   }
-  refresh_probe_exemption();
+  refresh_probe_exemption(Trigger::kPodChange);
   return {};
 }
 
-void LoaderEnroller::refresh_probe_exemption() {
+void LoaderEnroller::refresh_probe_exemption(Trigger trigger) {
   if (!options_.exempt_probes) return;
   // Only from the node's own netns (this thread may have visited a pod's).
   struct stat st {};
@@ -99,6 +99,7 @@ void LoaderEnroller::refresh_probe_exemption() {
                      << "; the SNAT rules name the cgroup anyway (the kernel resolves it), but a "
                         "kubelet cgroup made anew is not noticed until the agent restarts";
   }
+  if (trigger == Trigger::kPodChange && probe_failed_id_ == id) return;  // the sweep retries
   auto enrolled = list();
   if (!enrolled) return fail("listing the enrolled pods: " + enrolled.error().message);
   std::set<IpAddress> pods;
@@ -108,10 +109,12 @@ void LoaderEnroller::refresh_probe_exemption() {
   if (id == probe_cgroup_id_ && pods == probe_pods_) return;
   if (auto applied = loader::apply_probe_snat(options_.probe_cgroup, pods); !applied) {
     probe_cgroup_id_ = 0;  // written again next time
+    probe_failed_id_ = id;
     return fail("SNAT rules in the node's netns: " + applied.error().message);
   }
   bool cgroup_changed = probe_cgroup_id_ != 0 && id != probe_cgroup_id_;
   probe_cgroup_id_ = id;
+  probe_failed_id_.reset();
   probe_pods_ = std::move(pods);
   probe_error_.clear();
   SM_INFO("agent") << "kubelet probes: connections from cgroup " << options_.probe_cgroup
@@ -127,7 +130,7 @@ maps::Status LoaderEnroller::unenroll(const PodRecord& pod) {
   std::string netns = pod.netns_path.empty() ? "/nonexistent" : pod.netns_path;
   auto report = loader::unenroll(options_.pin_root, netns, pod.ifname, pod.ips);
   if (report) {
-    refresh_probe_exemption();
+    refresh_probe_exemption(Trigger::kPodChange);
     return {};
   }
   // The netns exists but is not what enroll saw (its device is gone, say): at least switch
@@ -139,7 +142,7 @@ maps::Status LoaderEnroller::unenroll(const PodRecord& pod) {
   for (const auto& ip : pod.ips) {
     if (auto removed = workloads->remove(ip); !removed) return removed.error();
   }
-  refresh_probe_exemption();
+  refresh_probe_exemption(Trigger::kPodChange);
   return {};
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -77,15 +78,19 @@ class LoaderEnroller : public Enroller {
 
   // When exempt_probes: the probe addresses in SM_MAP_NODE_ADDRS, and the SNAT rules for the
   // enrolled pods written again when the pods or the probe cgroup (a restarted kubelet) changed.
-  // Called after each enroll and unenroll, and periodically. Logs what changed, and a failure
-  // once until it changes.
-  void refresh_probe_exemption();
+  // Called after each enroll and unenroll (kPodChange), and periodically (kSweep). Logs what
+  // changed, and a failure once until it changes. After a failed write of the rules, only the
+  // sweep or a probe cgroup that became visible tries again: a pod change alone would run the
+  // same failing iptables-restore once per pod.
+  enum class Trigger { kPodChange, kSweep };
+  void refresh_probe_exemption(Trigger trigger = Trigger::kSweep);
 
  private:
   LoaderEnrollerOptions options_;
   std::mutex probe_mutex_;  // the agent's threads: CNI events, the sweep
   bool probe_map_written_ = false;
   uint64_t probe_cgroup_id_ = 0;  // of the rules last written; 0: none
+  std::optional<uint64_t> probe_failed_id_;  // the cgroup id seen when writing them last failed
   bool probe_cgroup_unseen_logged_ = false;
   std::set<IpAddress> probe_pods_;
   std::string probe_error_;  // the last failure logged

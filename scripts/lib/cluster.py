@@ -428,7 +428,7 @@ class Node:
         wait_until("%s's proxy to be ready (ZDS snapshot from its agent)" % self.name, ready,
                    timeout)
 
-    def start_agent(self, wait=True, extra=()):
+    def start_agent(self, wait=True, extra=(), env=None):
         if self.agent:
             self.agent.stop(signal.SIGKILL)
         self.agent_runs += 1
@@ -452,7 +452,7 @@ class Node:
         os.makedirs(agent_cgroup, exist_ok=True)
         self.agent = Process("agent", argv, netns=self.netns_path, cgroup=agent_cgroup,
                              log_path=os.path.join(self.dir, "agent-%d.log" % self.agent_runs),
-                             tie_to_parent=not c.keep)
+                             tie_to_parent=not c.keep, env=env)
         if wait:
             sock = os.path.join(self.run_dir, "cni.sock")
 

@@ -4,6 +4,7 @@ restarted, the proxy killed mid-transfer, the node agent restarted under load, a
 proxy is down. Topology: cluster.demo_topology; the proxies' drain deadline is 3 s."""
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -191,6 +192,46 @@ class Failures(ClusterCase):
         # Node B is untouched, and a pod of node A now talks without the mesh.
         self.assertEqual(len(self.tc_program_ids(self.pods["echo-b"])), 1)
         self.talk(self.client, "%s:%d" % (self.pods["legacy-b"].ip, APP_PORT), 64 * 1024)
+
+    def test_a_probe_cgroup_that_cannot_be_resolved_is_retried_by_the_sweep_not_per_pod(self):
+        # iptables-restore refuses a rule whose cgroup does not exist. The agent says so once and
+        # tries again from its sweep (every 10 s), not after each enroll and unenroll: a node
+        # whose kubelet runs elsewhere would otherwise run two failing execs per pod change.
+        a = self.a
+        wrappers = os.path.join(a.dir, "iptables-wrappers")
+        calls = os.path.join(a.dir, "iptables-restore-calls")
+        os.makedirs(wrappers, exist_ok=True)
+        for tool in ("iptables-restore", "ip6tables-restore"):
+            real = shutil.which(tool)
+            self.assertTrue(real, "%s is not installed" % tool)
+            with open(os.path.join(wrappers, tool), "w") as f:
+                f.write("#!/bin/sh\necho %s >> %s\nexec %s \"$@\"\n" % (tool, calls, real))
+            os.chmod(os.path.join(wrappers, tool), 0o755)
+        env = dict(os.environ, PATH=wrappers + ":" + os.environ.get("PATH", ""))
+        a.start_agent(extra=["--probe-cgroup", "sockmesh-no-such/kubelet.service"], env=env)
+
+        def count():
+            try:
+                with open(calls) as f:
+                    return len(f.read().split())
+            except FileNotFoundError:
+                return 0
+        wait_until("the agent's first attempt at the probe rules", lambda: count() > 0, 10)
+        self.assertIn("kubelet probes are not exempt from capture", a.agent.log())
+        before, t0 = count(), time.monotonic()
+        pods = [self.cluster.add_pod(a, "shop", "churn-%d" % i) for i in range(3)]
+        for pod in pods:
+            self.cluster.delete_pod(pod)
+        after, elapsed = count(), time.monotonic() - t0
+        # Six pod changes; at most the sweeps that fell in the window may have tried again
+        # (one attempt runs each tool at most once).
+        sweeps = int(elapsed // 10) + 1
+        self.assertLessEqual(after - before, 2 * sweeps,
+                             "%d iptables-restore runs in %.1f s for 6 pod changes" % (
+                                 after - before, elapsed))
+        self.assertEqual(a.agent.log().count("kubelet probes are not exempt from capture"), 1,
+                         "the same failure was logged again")
+        self.assert_fresh_traffic_flows()
 
     def second_agent(self, node, tag, zds_socket, extra=()):
         """Another `sockmesh-loader run` on node's run dir, as a second DaemonSet pod would be;
