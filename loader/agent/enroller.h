@@ -89,7 +89,7 @@ class LoaderEnroller : public Enroller {
   LoaderEnrollerOptions options_;
   std::mutex probe_mutex_;  // the agent's threads: CNI events, the sweep
   bool probe_map_written_ = false;
-  uint64_t probe_cgroup_id_ = 0;  // of the rules last written; 0: none
+  uint64_t probe_cgroup_id_ = 0;             // of the rules last written; 0: none
   std::optional<uint64_t> probe_failed_id_;  // the cgroup id seen when writing them last failed
   bool probe_cgroup_unseen_logged_ = false;
   std::set<IpAddress> probe_pods_;
