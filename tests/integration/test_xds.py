@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "fixtures", "fake_istiod"))
 import harness  # noqa: E402
 from harness import EchoServer, ProxyNode, TempDir, http_get, wait_until  # noqa: E402
 from server import FakeIstiod, make_server_tls  # noqa: E402
+import ca as fake_ca  # noqa: E402
 import xds as fake_xds  # noqa: E402
 from istio.security import authorization_pb2 as az  # noqa: E402
 from istio.workload import workload_pb2 as wl  # noqa: E402
@@ -68,23 +69,40 @@ class XdsMesh:
     """client c1 (node-a) and server s1 (node-b) plus service VIP .30, all from the fake istiod.
     Addresses in one 127.x.y block: .10 client, .20 server, .5 the fake, .1/.2 admin of A/B."""
 
-    def __init__(self, token=TOKEN, root_ca=None):
+    def __init__(self, token=TOKEN, root_ca=None, istio_ca=False):
+        """istio_ca: the fake also serves Istio's CA on the same address, as istiod does on
+        15012, and the proxies get their certificates from it (no --ca-address: it defaults to
+        the xDS address); its root signs the fake's serving certificate and every workload's.
+        Otherwise certificates come from the built-in CA (test_istio_ca covers the CA alone)."""
         self.block = b = harness.address_block()
         self.client_ip, self.server_ip, self.vip = b + ".10", b + ".20", b + ".30"
         self.tmp = TempDir()
-        ca, cert, key = make_server_tls(self.tmp.path, b + ".5")
         self.xds = fake_xds.XdsServicer()
-        self.fake = FakeIstiod(b + ".5", cert, key, TOKEN).add_servicer(self.xds.add_to).start()
+        self.ca = None
+        if istio_ca:
+            self.root = fake_ca.TestRoot("fake-istiod-root")
+            self.ca = fake_ca.CaServicer(self.root, TOKEN)
+            cert_pem, key_pem = self.root.serving_pair(b + ".5")
+            ca = self.tmp.file("root-cert.pem", self.root.pem)
+            cert, key = self.tmp.file("istiod.pem", cert_pem.decode()), self.tmp.file(
+                "istiod-key.pem", key_pem.decode())
+        else:
+            ca, cert, key = make_server_tls(self.tmp.path, b + ".5")
+        self.fake = FakeIstiod(b + ".5", cert, key, TOKEN).add_servicer(self.xds.add_to)
+        if self.ca:
+            self.fake.add_servicer(self.ca.add_to)
+        self.fake.start()
         self.token_file = self.tmp.file("istio-token", token + "\n")
         self.root_ca = root_ca or ca
         state_dir = os.path.join(self.tmp.path, "ca")
 
         def xds_args(pod, ip):
-            return ["--xds-address", self.fake.address, "--xds-root-ca", self.root_ca,
+            args = ["--xds-address", self.fake.address, "--xds-root-ca", self.root_ca,
                     "--xds-token-file", self.token_file, "--pod-name", pod,
-                    "--pod-namespace", "istio-system", "--instance-ip", ip,
-                    # certificates from the built-in CA here (test_istio_ca covers Istio's CA)
-                    "--ca-address", ""]
+                    "--pod-namespace", "istio-system", "--instance-ip", ip]
+            if istio_ca:
+                return args + ["--ca-root-ca", self.root_ca, "--cluster-id", "test-cluster"]
+            return args + ["--ca-address", ""]
 
         self.a = ProxyNode("node-a", None, state_dir, b + ".1", self.tmp.path,
                            socks5="%s:15080" % (b + ".1"),
@@ -214,6 +232,32 @@ class InitialSyncTest(XdsTestCase):
                                                type="istio.workload.Address"), 2)
         acks = [r for r in m.xds.replies() if r["error"] is None]
         self.assertGreaterEqual(len(acks), 4)
+
+
+class XdsAndCaTest(XdsTestCase):
+    """One istiod address for both: workloads over xDS, certificates from Istio's CA."""
+    mesh_args = {"istio_ca": True}
+
+    def test_workloads_from_xds_and_certificates_from_the_ca_on_one_address(self):
+        m = self.mesh
+        self.start_synced()
+        for node, sa in ((m.a, "client"), (m.b, "server")):
+            identity = "spiffe://cluster.local/ns/default/sa/" + sa
+            wait_until(lambda: any(c["identity"] == identity and c["state"] == "Available"
+                                   for c in node.config_dump()["certificates"]),
+                       timeout=15, what="%s's certificate from the CA on %s" % (sa, node.name))
+            self.assertEqual(node.config_dump()["certificateIssuer"], "istio-ca")
+            calls = m.ca.calls_for(identity, "ok")
+            self.assertTrue(calls, "the CA signed nothing for %s" % identity)
+            self.assertEqual(calls[0]["metadata"].get("clusterid"), "test-cluster")
+        # The tunnel between them: the server learnt from xDS, both ends' certificates signed by
+        # the fake's root, each side verifying the other against it.
+        self.assert_reaches(m.server_ip, 8080)
+        wait_until(lambda: "src.identity=spiffe://cluster.local/ns/default/sa/client" in
+                   m.b.logs(), what="node-b saw the client's CA-signed identity")
+        ok = m.ca.calls_for("spiffe://cluster.local/ns/default/sa/server", "ok")
+        self.assertIn(ok[-1]["serial"], {int(c["certChain"][0]["serialNumber"], 16)
+                                          for c in m.b.config_dump()["certificates"]})
 
 
 class LiveChangesTest(XdsTestCase):
