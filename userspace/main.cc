@@ -194,6 +194,7 @@ int main(int argc, char** argv) {
     xo.pod_name = opts.xds.pod_name;
     xo.pod_namespace = opts.xds.pod_namespace;
     xo.instance_ip = opts.xds.instance_ip;
+    xo.max_message_bytes = static_cast<int>(opts.xds.max_message_bytes);
     SM_INFO("main") << "mesh state from istiod at " << xo.address << " (node id "
                     << xds::DeltaClient::node_id(xo) << "); not ready until the first sync";
     xds_client = std::make_unique<xds::DeltaClient>(std::move(xo), &store);

@@ -69,7 +69,7 @@ class XdsMesh:
     """client c1 (node-a) and server s1 (node-b) plus service VIP .30, all from the fake istiod.
     Addresses in one 127.x.y block: .10 client, .20 server, .5 the fake, .1/.2 admin of A/B."""
 
-    def __init__(self, token=TOKEN, root_ca=None, istio_ca=False):
+    def __init__(self, token=TOKEN, root_ca=None, istio_ca=False, extra=()):
         """istio_ca: the fake also serves Istio's CA on the same address, as istiod does on
         15012, and the proxies get their certificates from it (no --ca-address: it defaults to
         the xDS address); its root signs the fake's serving certificate and every workload's.
@@ -99,7 +99,7 @@ class XdsMesh:
         def xds_args(pod, ip):
             args = ["--xds-address", self.fake.address, "--xds-root-ca", self.root_ca,
                     "--xds-token-file", self.token_file, "--pod-name", pod,
-                    "--pod-namespace", "istio-system", "--instance-ip", ip]
+                    "--pod-namespace", "istio-system", "--instance-ip", ip] + list(extra)
             if istio_ca:
                 return args + ["--ca-root-ca", self.root_ca, "--cluster-id", "test-cluster"]
             return args + ["--ca-address", ""]
@@ -258,6 +258,26 @@ class XdsAndCaTest(XdsTestCase):
         ok = m.ca.calls_for("spiffe://cluster.local/ns/default/sa/server", "ok")
         self.assertIn(ok[-1]["serial"], {int(c["certChain"][0]["serialNumber"], 16)
                                           for c in m.b.config_dump()["certificates"]})
+
+
+class MessageLimitTest(XdsTestCase):
+    mesh_args = {"extra": ["--xds-max-message-bytes", "65536"]}
+
+    def test_a_push_over_the_message_limit_is_named_with_the_flag_and_counted(self):
+        m = self.mesh
+        resources = m.base_resources()
+        for i in range(1500):  # about 100 bytes each: a push of about 150 KB
+            ip = "10.%d.%d.%d" % (100 + i // 65536, (i // 256) % 256, i % 256)
+            resources["w%d" % i] = workload("w%d" % i, "bulk-%d" % i, "bulk", ip, "node-c")
+        m.xds.push(ADDRESS, resources)
+        m.xds.push(AUTHORIZATION, {})
+        m.a.start(wait=False)
+        wait_until(lambda: "over --xds-max-message-bytes, 65536 bytes" in m.a.logs(),
+                   timeout=15, what="the stream ended on the limit, naming the flag")
+        wait_until(lambda: 'istio_xds_connection_terminations_total{reason="RESOURCE_EXHAUSTED"}'
+                   in m.a.metrics(), timeout=10, what="the termination counted by its reason")
+        self.assertNotEqual(readiness(m.a)[0], 200, "ready without a sync")
+        self.assertEqual(self.workload_uids(m.a), set())
 
 
 class LiveChangesTest(XdsTestCase):

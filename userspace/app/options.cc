@@ -265,6 +265,12 @@ const std::map<std::string, std::pair<Setter, const char*>>& flags() {
       {"config-poll-ms", {millis(&proxy::ProxyConfig::config_poll), "how often the config file is checked (default 1000)"}},
       {"xds-address", {xds_text(&XdsSettings::address), "istiod's Delta xDS address, e.g. https://istiod.istio-system.svc:15012; when set, workloads, services and policies come from it instead of --config (default: unset)"}},
       {"xds-root-ca", {xds_text(&XdsSettings::root_ca), "PEM roots istiod's certificate must chain to (default ./var/run/secrets/istio/root-cert.pem)"}},
+      {"xds-max-message-bytes",
+       {[](const std::string& v, Options* o) -> std::optional<std::string> {
+          return parse_int(v, 65536, 1ll << 30, &o->xds.max_message_bytes);
+        },
+        "the largest Delta xDS response accepted; a bigger one ends the stream with "
+        "RESOURCE_EXHAUSTED (default 33554432)"}},
       {"pod-name", {xds_text(&XdsSettings::pod_name), "this proxy's pod name, for istiod's node id (default: unset)"}},
       {"pod-namespace", {xds_text(&XdsSettings::pod_namespace), "this proxy's namespace, for istiod's node id (default: unset)"}},
       {"instance-ip", {xds_text(&XdsSettings::instance_ip), "this proxy's pod IP, for istiod's node id (default: unset)"}},

@@ -22,6 +22,9 @@ struct XdsSettings {
   std::string pod_name;
   std::string pod_namespace;
   std::string instance_ip;
+  // The largest Delta response accepted; gRPC's own default is 4 MiB, which a big mesh's first
+  // push (every workload and service) passes.
+  long long max_message_bytes = 32ll << 20;
 };
 
 struct Options {

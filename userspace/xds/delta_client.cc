@@ -185,6 +185,7 @@ bool DeltaClient::run_stream() {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, options_.max_message_bytes);
   auto channel =
       grpc::CreateCustomChannel(grpc_target(options_.address), grpc::SslCredentials(ssl), args);
   auto stub = AggregatedDiscoveryService::NewStub(channel);
@@ -288,6 +289,10 @@ bool DeltaClient::run_stream() {
   if (st.error_code() == grpc::UNAUTHENTICATED || st.error_code() == grpc::PERMISSION_DENIED) {
     message += " (istiod refused the token from " +
                (options_.token_file.empty() ? std::string("<none>") : options_.token_file) + ")";
+  } else if (st.error_code() == grpc::RESOURCE_EXHAUSTED) {
+    message += " (a response from istiod is over --xds-max-message-bytes, " +
+               std::to_string(options_.max_message_bytes) +
+               " bytes: the same push fails on every reconnect until the limit is raised)";
   } else if (st.error_message().find("andshake") != std::string::npos ||
              st.error_message().find("CERTIFICATE_VERIFY") != std::string::npos) {
     message += " (TLS with istiod failed: is its certificate signed by " + options_.root_ca_file +

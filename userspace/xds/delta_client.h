@@ -38,6 +38,7 @@ struct DeltaClientOptions {
   std::string pod_name;
   std::string pod_namespace;
   std::string instance_ip;
+  int max_message_bytes = 32 << 20;  // a bigger response ends the stream (RESOURCE_EXHAUSTED)
   std::chrono::milliseconds initial_backoff{200};
   std::chrono::milliseconds max_backoff{5000};
 };
