@@ -188,6 +188,26 @@ class CaTest(unittest.TestCase):
                                                result="failed"), 4)
         self.assertIn("fake CA: told to refuse", m.b.logs())
 
+    def test_sigterm_ends_a_ca_call_in_flight_at_once(self):
+        # A CA that takes the call and never answers (a hung istiod). The call's deadline is
+        # 10 s; a stopping proxy cancels it instead of waiting that out.
+        m = self.start_mesh()
+        self.wait_valid(m.b, SERVER)
+        m.servicer.hang.set()
+        self.addCleanup(m.servicer.hang.clear)
+        # A new local workload: its certificate is fetched in the background, and the call hangs.
+        m.extra_workloads = workload_yaml("l1", "late", "default", "late", m.block + ".21",
+                                          "node-b") + "\n"
+        m.tmp.file("b.yaml", m.config(m.server_sa))
+        wait_until(lambda: m.servicer.calls_for(TD + "late", "held"), timeout=10,
+                   what="a CA call held by the fake")
+        t0 = time.monotonic()
+        code = m.b.terminate(timeout=15)
+        took = time.monotonic() - t0
+        sys.stderr.write("SIGTERM to exit with a CA call in flight: %.2f s\n" % took)
+        self.assertEqual(code, 0, m.b.logs()[-2000:])
+        self.assertLess(took, 5.0, "SIGTERM took %.1f s with a CA call in flight" % took)
+
     def test_root_file_is_watched(self):
         # The CA moves to a new root before the proxies' root file says so: its chains are
         # refused. Once the file holds both roots, the proxies reload it (no restart), the

@@ -232,6 +232,8 @@ void CertificateCache::stop_background_renewal() {
     t = std::move(bg_);
   }
   bg_cv_.notify_all();
+  // The thread may be inside a remote CA's call: end it rather than wait for its deadline.
+  if (t.joinable()) issuer_->cancel();
   if (t.joinable()) t.join();
 }
 

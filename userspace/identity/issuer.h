@@ -32,6 +32,10 @@ class CertificateIssuer {
   // Called periodically by CertificateCache::renew_due(); the default has nothing to re-read.
   virtual void refresh() {}
 
+  // Ends the calls in flight and fails every later one at once: the process is stopping, and a
+  // remote CA that does not answer must not hold the exit for a call's whole deadline.
+  virtual void cancel() {}
+
   // True when `key`, which this issuer returned earlier, should be replaced before its
   // half-life, e.g. because the files it was read from were rewritten. Issuers that mint a
   // fresh certificate on every call never supersede one.

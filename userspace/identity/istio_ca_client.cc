@@ -181,6 +181,16 @@ Result<CertifiedKeyPtr> IstioCaClient::issue(const SpiffeId& id) {
   return result;
 }
 
+void IstioCaClient::cancel() {
+  std::lock_guard lock(mu_);
+  cancelled_ = true;
+  if (!calls_.empty()) {
+    SM_INFO(kScope) << "stopping: cancelling " << calls_.size() << " CA call(s) in flight to "
+                    << target_;
+  }
+  for (auto* ctx : calls_) ctx->TryCancel();
+}
+
 Result<CertifiedKeyPtr> IstioCaClient::call(const SpiffeId& id) {
   const std::string name = id.to_string();
   auto request = make_certificate_request(id);
@@ -188,6 +198,19 @@ Result<CertifiedKeyPtr> IstioCaClient::call(const SpiffeId& id) {
 
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + options_.call_timeout);
+  {
+    std::lock_guard lock(mu_);
+    if (cancelled_) return Error{"the proxy is stopping: no new CA call"};
+    calls_.insert(&ctx);
+  }
+  struct Unregister {
+    IstioCaClient* self;
+    grpc::ClientContext* ctx;
+    ~Unregister() {
+      std::lock_guard lock(self->mu_);
+      self->calls_.erase(ctx);
+    }
+  } unregister{this, &ctx};
   if (!options_.token_file.empty()) {
     auto token = files::read(options_.token_file);
     if (!token)

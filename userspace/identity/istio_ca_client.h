@@ -20,10 +20,15 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "identity/file_util.h"
 #include "identity/issuer.h"
+
+namespace grpc {
+class ClientContext;
+}
 
 namespace sockmesh::identity {
 
@@ -57,6 +62,8 @@ class IstioCaClient final : public CertificateIssuer {
   TrustRootsPtr trust_roots() const override;
   // Reloads the root file if it changed; a bad new file is logged and the old roots stay.
   void refresh() override;
+  // TryCancel() on every call in flight; calls after it fail with "stopping".
+  void cancel() override;
   std::string_view kind() const override { return "istio-ca"; }
 
   // "host:port" as dialled.
@@ -75,7 +82,9 @@ class IstioCaClient final : public CertificateIssuer {
   mutable std::mutex mu_;
   TrustRootsPtr roots_;
   std::optional<files::Stamp> roots_stamp_;
-  std::shared_ptr<Channel> channel_;  // rebuilt when the roots change
+  std::shared_ptr<Channel> channel_;      // rebuilt when the roots change
+  std::set<grpc::ClientContext*> calls_;  // in flight, for cancel()
+  bool cancelled_ = false;
 
   std::mutex slots_mu_;
   std::condition_variable slots_cv_;
