@@ -277,7 +277,9 @@ int main(int argc, char** argv) {
       std::lock_guard lock(mu);
       if (cache == nullptr) return;
       for (const auto& w : snap.workloads()) {
-        if (w.node != node) continue;
+        // A workload outside the mesh (protocol TCP) neither serves nor dials HBONE: it has no
+        // certificate to ask the CA for.
+        if (w.node != node || w.protocol != state::Protocol::kHbone) continue;
         if (auto id = identity::SpiffeId::parse(w.identity())) cache->prefetch(*id);
       }
     }

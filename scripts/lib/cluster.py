@@ -36,6 +36,7 @@ TRUST_DOMAIN = "cluster.local"
 MESH_LABEL = "istio.io/dataplane-mode"
 HERE = os.path.dirname(os.path.abspath(__file__))
 PODAPP = os.path.join(HERE, "podapp.py")
+ISTIOD = os.path.join(ROOT, "tests", "fixtures", "fake_istiod", "standalone.py")
 PYTHON = "/usr/bin/python3"
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -407,8 +408,10 @@ class Node:
             if wait:
                 self.wait_proxy_ready()
             return self.proxy
-        argv = [c.binary("sockmesh-proxy"), "--node", self.name, "--config", c.config_path,
-                "--config-poll-ms", "200", "--state-dir", c.ca_dir,
+        source = c.xds_args(self) if c.xds else ["--config", c.config_path,
+                                                 "--config-poll-ms", "200"]
+        argv = [c.binary("sockmesh-proxy"), "--node", self.name] + source + [
+                "--state-dir", c.ca_dir,
                 "--zds-socket", self.zds_socket, "--bpf-pin-root", self.pin_root,
                 "--admin", "127.0.0.1:15000", "--metrics", "0.0.0.0:15020",
                 "--readiness", "0.0.0.0:15021", "--workers", "2",
@@ -545,10 +548,16 @@ class Cluster:
         return binary(name, self.build)
 
     def __init__(self, nodes=("node-a", "node-b"), bypass=True, keep=False, drain_timeout_ms=3000,
-                 log=None, work=None, build=None, runtime=None):
+                 log=None, work=None, build=None, runtime=None, xds=False):
         # runtime: something that runs each node's agent, proxy and CNI installer in place of the
         # binaries (tests/deploy/test_manifest_runs.py: the chart's containers under podman).
         self.runtime = runtime
+        # xds: the proxies take the mesh from a fake istiod (tests/fixtures/fake_istiod/
+        # standalone.py) over Delta xDS, and their certificates from its CA, instead of reading
+        # the config file and using the built-in CA. The fake follows the same file, so a test
+        # changes the mesh the same way in both modes. It runs in the first node's netns.
+        self.xds = xds
+        self.istiod = None
         _counter[0] += 1
         self.build = build  # the build directory whose binaries it runs (None: build_dir())
         self.id = "%s-%d-%d" % (PREFIX, os.getpid(), _counter[0])
@@ -569,6 +578,35 @@ class Cluster:
 
     def node(self, name):
         return next(n for n in self.nodes if n.name == name or n.short == name)
+
+    @property
+    def istiod_address(self):
+        return "https://%s:15012" % self.nodes[0].link_ip
+
+    def _start_istiod(self):
+        n = self.nodes[0]
+        self.istiod_dir = os.path.join(self.work, "istiod")
+        self.istiod = Process("fake-istiod", [PYTHON, ISTIOD, "--listen", "%s:15012" % n.link_ip,
+                                              "--config", self.config_path,
+                                              "--dir", self.istiod_dir],
+                              netns=n.netns_path, log_path=os.path.join(self.work, "istiod.log"),
+                              tie_to_parent=not self.keep)
+
+        def serving():
+            if not self.istiod.alive():
+                raise ClusterError("the fake istiod exited:\n%s" % self.istiod.log()[-3000:])
+            return "serving on" in self.istiod.log()
+        wait_until("the fake istiod", serving, 30)
+        self.say("fake istiod (Delta xDS and CA) at %s in %s's netns, following %s" % (
+            self.istiod_address, n.name, os.path.basename(self.config_path)))
+
+    def xds_args(self, node):
+        """sockmesh-proxy's flags for the fake istiod: xDS, and the CA on the same address."""
+        root = os.path.join(self.istiod_dir, "root-cert.pem")
+        return ["--xds-address", self.istiod_address, "--xds-root-ca", root, "--ca-root-ca", root,
+                "--xds-token-file", os.path.join(self.istiod_dir, "istio-token"),
+                "--pod-name", "ztunnel-" + node.short, "--pod-namespace", "istio-system",
+                "--instance-ip", node.link_ip, "--cluster-id", "sockmesh-sim"]
 
     def pod(self, name):
         return next(p for p in self.pods if p.name == name)
@@ -605,6 +643,8 @@ class Cluster:
         self.say("nodes %s joined by %s.0/24" % (
             ", ".join("%s (pods %s.0/24)" % (n.name, n.pod_subnet) for n in self.nodes),
             NODE_LINK))
+        if self.xds:
+            self._start_istiod()
         for n in self.nodes:
             n.start_proxy(wait=False)
             n.start_agent(wait=True)
@@ -781,6 +821,8 @@ class Cluster:
             for proc in (n.agent, n.proxy):
                 if proc:
                     proc.stop(signal.SIGKILL, timeout=5)
+        if self.istiod:
+            self.istiod.stop(signal.SIGKILL, timeout=5)
         if self.runtime:
             try:
                 self.runtime.close(self)

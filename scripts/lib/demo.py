@@ -93,7 +93,7 @@ def tshark(pcap, *args):
                           timeout=60).stdout
 
 
-def demo(keep, containers=False):
+def demo(keep, containers=False, xds=False):
     step("1/8 the cluster: two nodes, each with its node agent and proxy")
     runtime = None
     if containers:
@@ -103,7 +103,7 @@ def demo(keep, containers=False):
         image, summary = chart_runtime.build_image()
         say(summary)
         runtime = chart_runtime.ChartRuntime(image)
-    c = C.Cluster(keep=keep, log=say, runtime=runtime)
+    c = C.Cluster(keep=keep, log=say, runtime=runtime, xds=xds)
     try:
         if runtime:
             # The ConfigMap sockmesh-config (key config.yaml) is the cluster's config file.
@@ -119,6 +119,12 @@ def demo(keep, containers=False):
                                                 command[:60]))
         for n in c.nodes:
             say("%s: netns %s, cgroup %s, pin root %s" % (n.name, n.netns, n.cgroup, n.pin_root))
+        if xds:
+            for n in c.nodes:
+                x = n.config_dump()["xds"]
+                say("%s's proxy: mesh from %s over Delta xDS (synced %s, %d stream(s)), "
+                    "certificates from its CA" % (n.name, c.istiod_address, x["synced"],
+                                                  x["streams"]))
         say("CNI config of node-a after sockmesh-install-cni: plugins %s" % " -> ".join(
             p["type"] for p in a.conflist()["plugins"]))
 
@@ -266,9 +272,16 @@ def main(argv):
     p = argparse.ArgumentParser(description="sockmesh demo on a simulated two-node cluster")
     p.add_argument("--keep", action="store_true", help="leave the cluster up")
     p.add_argument("--down", action="store_true", help="remove clusters left by --keep")
+    p.add_argument("--xds", action="store_true",
+                   help="the proxies take the mesh over Delta xDS and their certificates from a "
+                        "fake istiod built from proto/ (it follows the topology's config file)")
     p.add_argument("--containers", action="store_true",
                    help="run the image built by scripts/image as the chart's DaemonSets describe")
     args = p.parse_args(argv)
+    if args.containers and args.xds:
+        print("--containers and --xds do not go together yet (the chart's proxy reads the "
+              "config file)", file=sys.stderr)
+        return 2
     if args.containers and args.keep:
         print("--containers and --keep do not go together (--down does not remove containers)",
               file=sys.stderr)
@@ -284,7 +297,7 @@ def main(argv):
     # Ctrl-C and SIGTERM both unwind through the cleanup.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        demo(args.keep, args.containers)
+        demo(args.keep, args.containers, args.xds)
     except KeyboardInterrupt:
         print("\ninterrupted; the cluster was removed", file=sys.stderr)
         return 130

@@ -41,10 +41,11 @@ class ClusterCase(unittest.TestCase):
     """setUp: a cluster with the demo's topology (cluster.demo_topology)."""
 
     drain_timeout_ms = 3000
+    xds = False  # True: the proxies' mesh and certificates come from the fake istiod
 
     def setUp(self):
         self.t0 = time.monotonic()
-        self.cluster = cluster.Cluster(drain_timeout_ms=self.drain_timeout_ms)
+        self.cluster = cluster.Cluster(drain_timeout_ms=self.drain_timeout_ms, xds=self.xds)
         self.addCleanup(self.cluster.close)
         self.addCleanup(self.dump_logs_on_failure)
         self.cluster.up()

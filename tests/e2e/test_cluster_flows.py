@@ -264,5 +264,33 @@ class Flows(ClusterCase):
         self.talk(self.client, "%s:80" % ECHO_VIP, 64 * 1024)
 
 
+class FromIstiod(ClusterCase):
+    """The same cluster with the mesh from a fake istiod (tests/fixtures/fake_istiod/
+    standalone.py, built from proto/) over Delta xDS and every certificate from its CA, on one
+    address as istiod serves both: the demo's flows and a policy pushed live."""
+    xds = True
+
+    def test_the_proxies_are_synced_from_istiod_and_hold_certificates_from_its_ca(self):
+        for node in (self.a, self.b):
+            d = node.config_dump()
+            self.assertEqual(d["certificateIssuer"], "istio-ca")
+            self.assertTrue(d["xds"]["synced"], d["xds"])
+            self.assertEqual(d["xds"]["terminations"], {}, "the xDS stream was cut")
+            self.assertTrue(d["configSource"].startswith("xds "), d["configSource"])
+            local = sorted(w["identity"] for w in d["workloads"] if w["local"] and
+                           w["protocol"] == "HBONE")
+            held = sorted(c["identity"] for c in d["certificates"] if c["state"] == "Available")
+            self.assertEqual(held, local, "%s: certificates for its local mesh pods" % node.name)
+        log = self.cluster.istiod.log()
+        self.assertIn("CA signed %s" % self.client.identity, log)
+        self.assertIn("CA signed %s" % self.pods["echo-b"].identity, log)
+
+    # The file's mesh, from istiod's APIs: the same flows and the same live policy change.
+    test_every_demo_flow_arrives_intact_and_is_logged_by_the_right_proxy = \
+        Flows.test_every_demo_flow_arrives_intact_and_is_logged_by_the_right_proxy
+    test_a_deny_policy_refuses_new_connections_and_closes_live_ones = \
+        Flows.test_a_deny_policy_refuses_new_connections_and_closes_live_ones
+
+
 if __name__ == "__main__":
     main()
