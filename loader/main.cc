@@ -186,6 +186,7 @@ int run_enroll(const std::string& root, const Args& args) {
   pod.identity.service_account = args.value("--service-account");
   pod.identity.trust_domain = args.value("--trust-domain", "cluster.local");
   pod.identity.capture_inbound = !args.flag("--no-capture-inbound");
+  pod.identity.capture_dns = !args.flag("--no-capture-dns");
   for (const char* required : {"--netns", "--uid", "--namespace", "--service-account", "--ip"}) {
     if (args.value(required).empty()) return usage_error(std::string("enroll needs ") + required);
   }
@@ -261,6 +262,7 @@ int run_agent(const std::string& root, const Args& args) {
 std::string describe_flags(const maps::WorkloadRecord& r) {
   std::string out = r.enrolled ? "enrolled" : "not-enrolled";
   if (r.capture_inbound) out += ",capture-inbound";
+  if (r.capture_dns) out += ",capture-dns";
   if (r.loader_flags & SM_WL_SET_ACCEPT_LOCAL) out += ",set-accept-local";
   if (r.loader_flags & SM_WL_MADE_CLSACT) out += ",made-clsact";
   return out;
