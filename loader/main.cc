@@ -41,7 +41,9 @@ commands:
   status      what is loaded, attached and enrolled, and the counters.
   enroll      --netns PATH --ifname IF --ip IP [--ip IP ...] --uid UID --namespace NS
               --service-account SA [--trust-domain TD] [--no-capture-inbound]
-              attach tc capture in the pod's netns, set its routing, record its identity.
+              [--no-capture-dns]
+              attach tc capture in the pod's netns, set its routing, record its identity
+              (--no-capture-dns: its queries to port 53 are not given to the proxy's 15053).
   unenroll    --netns PATH --ifname IF [--ip IP ...]
               undo enroll: records, tc, routing and accept_local as they were.
   run         [--run-dir DIR] [--labels-from kubernetes|config|auto] [--config FILE]
@@ -88,9 +90,14 @@ struct Args {
   }
 };
 
-const std::vector<std::string> kFlagOptions = {"--no-bypass",          "--fail-open",  "--force",
-                                               "--no-capture-inbound", "--no-install", "--help",
-                                               "--capture-node-traffic"};
+const std::vector<std::string> kFlagOptions = {"--no-bypass",
+                                               "--fail-open",
+                                               "--force",
+                                               "--no-capture-inbound",
+                                               "--no-install",
+                                               "--help",
+                                               "--capture-node-traffic",
+                                               "--no-capture-dns"};
 
 bool parse_args(int argc, char** argv, Args* out, std::string* error) {
   for (int i = 1; i < argc; ++i) {
