@@ -595,6 +595,28 @@ TEST_F(NodeAgentTest, RunningPodsListedByTheApiAreFoundByTheirCgroupAndEnrolled)
   EXPECT_EQ(handoff_->pods().at("uid-fetched").service_account, "fetched-sa");
 }
 
+// The config file has labels only: ambient.istio.io/dns-capture=false there reaches the agent's
+// decision as it does from the API.
+TEST(LocalConfigLabels, TheDnsCaptureLabelOfAWorkloadInTheFileCounts) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("sockmesh-labels-dns-test-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  auto path = (dir / "mesh.yaml").string();
+  std::ofstream(path) << "namespaces:\n- name: shop\nworkloads:\n- uid: u1\n  name: web\n"
+                         "  namespace: shop\n  serviceAccount: web-sa\n  workloadIps: [10.0.0.9]\n"
+                         "  labels: {ambient.istio.io/dns-capture: \"false\"}\n"
+                         "- uid: u2\n  name: api\n  namespace: shop\n  workloadIps: [10.0.0.10]\n";
+  LocalConfigLabels labels(path, std::chrono::hours(1));
+  ASSERT_TRUE(labels.load());
+  auto web = labels.fetch_pod("shop", "web");
+  ASSERT_TRUE(web);
+  EXPECT_FALSE(dns_capture_wanted(web->labels, web->annotations));
+  auto api = labels.fetch_pod("shop", "api");
+  ASSERT_TRUE(api);
+  EXPECT_TRUE(dns_capture_wanted(api->labels, api->annotations));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(LocalConfigLabels, APodMissingFromTheViewIsLookedUpInTheFileAsItIsNow) {
   auto dir = std::filesystem::temp_directory_path() /
              ("sockmesh-labels-test-" + std::to_string(getpid()));
