@@ -17,6 +17,17 @@
  * which, as for any SYN that reuses a tuple, ends itself and asks for a listener; sm_sk_lookup
  * answers that lookup with the proxy's listener, so the SYN is captured as a new connection.
  *
+ * DNS (workloads with SM_WL_CAPTURE_DNS): what the pod sends to port 53 of any address goes to the
+ * proxy's DNS sockets in the pod (15053), by the same bounce and assign. TCP: the SYN is assigned
+ * to the DNS TCP listener instead of 15001; later segments follow the accepted socket like any
+ * captured flow. UDP has no connection the kernel could find again, so every datagram to port 53
+ * is bounced and assigned to the DNS UDP socket on its own; the proxy receives it with its
+ * original destination (IP_RECVORIGDSTADDR) and answers from that address (IP_PKTINFO on its
+ * transparent socket). The answer is for the pod's own IP, so it goes over lo and never meets tc.
+ * Without a registered DNS socket of that protocol, DNS is not captured: UDP queries go out as if
+ * sockmesh were not there (DNS keeps working while the proxy is down or has no DNS server), a TCP
+ * query is an outbound connection like any other (15001, or the fail-closed/open rule).
+ *
  * Counters: each program run counts exactly one decision (see enum sm_counter). */
 #include "lib/packet.h"
 
@@ -103,6 +114,21 @@ static __always_inline int sm_pass_to_time_wait(const struct sm_packet* pkt,
   return SM_TC_ACT_OK;
 }
 
+/* A DNS query of a workload whose DNS the proxy captures: to port 53, any address. */
+static __always_inline bool sm_is_dns_query(const struct sm_packet* pkt,
+                                            const struct sm_workload* wl) {
+  return pkt->dport == SM_PORT_DNS_QUERY && (wl->flags & SM_WL_CAPTURE_DNS);
+}
+
+/* Whether the pod that owns `pod_ip` has a proxy socket of this kind registered. */
+static __always_inline bool sm_has_listener(const struct sm_ip* pod_ip, __u32 kind) {
+  struct sm_listener_key key = {.ip = *pod_ip, .kind = kind};
+  struct bpf_sock* listener = bpf_map_lookup_elem(&sm_listeners, &key);
+  if (!listener) return false;
+  bpf_sk_release(listener);
+  return true;
+}
+
 static __always_inline int sm_bounce_to_ingress(struct __sk_buff* skb, struct sm_packet* pkt) {
   void* data = (void*)(long)skb->data;
   void* data_end = (void*)(long)skb->data_end;
@@ -116,14 +142,14 @@ static __always_inline int sm_bounce_to_ingress(struct __sk_buff* skb, struct sm
     return SM_TC_ACT_OK;
   skb->mark |= SM_MARK_BOUNCED;
   sm_count(SM_CNT_BOUNCED);
-  if (pkt->payload_len) sm_count(SM_CNT_TC_PAYLOAD);
+  if (pkt->protocol == SM_IPPROTO_TCP && pkt->payload_len) sm_count(SM_CNT_TC_PAYLOAD);
   return bpf_redirect(skb->ifindex, BPF_F_INGRESS);
 }
 
 SEC("tc")
 int sm_tc_egress(struct __sk_buff* skb) {
   struct sm_packet pkt = {};
-  if (sm_parse_tcp(skb, &pkt) < 0) {
+  if (sm_parse_l4(skb, &pkt) < 0) {
     sm_count(SM_CNT_PASSED);
     return SM_TC_ACT_OK;
   }
@@ -137,12 +163,23 @@ int sm_tc_egress(struct __sk_buff* skb) {
     return SM_TC_ACT_OK;
   }
 
+  if (pkt.protocol == SM_IPPROTO_UDP) {
+    /* Every datagram to port 53 on its own: nothing of an earlier one is left to find. Without
+     * the proxy's DNS socket the query goes out uncaptured (DNS works without the proxy). */
+    if (sm_is_dns_query(&pkt, wl) && sm_has_listener(&pkt.src, SM_LISTENER_DNS_UDP)) {
+      return sm_bounce_to_ingress(skb, &pkt);
+    }
+    sm_count(SM_CNT_PASSED);
+    return SM_TC_ACT_OK;
+  }
+
   if (sm_tcp_flags_is_syn(pkt.tcp_flags)) {
-    /* Bounce only when ingress will have a listener to assign to; otherwise decide here. */
-    struct sm_listener_key key = {.ip = pkt.src, .kind = SM_LISTENER_OUTBOUND};
-    struct bpf_sock* listener = bpf_map_lookup_elem(&sm_listeners, &key);
-    if (!listener) return sm_no_listener();
-    bpf_sk_release(listener);
+    /* Bounce only when ingress will have a listener to assign to; otherwise decide here. A DNS
+     * query over TCP without the proxy's DNS listener is an outbound connection like any other. */
+    if (sm_is_dns_query(&pkt, wl) && sm_has_listener(&pkt.src, SM_LISTENER_DNS_TCP)) {
+      return sm_bounce_to_ingress(skb, &pkt);
+    }
+    if (!sm_has_listener(&pkt.src, SM_LISTENER_OUTBOUND)) return sm_no_listener();
     return sm_bounce_to_ingress(skb, &pkt);
   }
 
@@ -154,7 +191,39 @@ int sm_tc_egress(struct __sk_buff* skb) {
   return SM_TC_ACT_OK;
 }
 
+/* A bounced UDP datagram: a DNS query (egress bounces nothing else of UDP) for the proxy's DNS
+ * socket. Egress saw that socket a moment ago; if it has gone since (the proxy restarting), the
+ * datagram cannot be turned back to the wire, so it is dropped and the resolver's retry goes out
+ * uncaptured. */
+static __always_inline int sm_ingress_bounced_udp(struct __sk_buff* skb, struct sm_packet* pkt) {
+  struct sm_workload* wl = sm_workload_of(&pkt->src);
+  if (!wl || !(wl->flags & SM_WL_ENROLLED)) {
+    sm_count(SM_CNT_NOT_ENROLLED);
+    return SM_TC_ACT_OK;
+  }
+  if (!sm_is_dns_query(pkt, wl)) {
+    sm_count(SM_CNT_PASSED);
+    return SM_TC_ACT_OK;
+  }
+  struct sm_listener_key key = {.ip = pkt->src, .kind = SM_LISTENER_DNS_UDP};
+  struct bpf_sock* sk = bpf_map_lookup_elem(&sm_listeners, &key);
+  if (!sk) {
+    sm_count(SM_CNT_NO_LISTENER);
+    return SM_TC_ACT_SHOT;
+  }
+  long err = bpf_sk_assign(skb, sk, 0);
+  bpf_sk_release(sk);
+  if (err) {
+    sm_last_assign_error = err;
+    sm_count(SM_CNT_ASSIGN_FAILED);
+    return SM_TC_ACT_SHOT;
+  }
+  sm_count(SM_CNT_CAPTURED_DNS);
+  return SM_TC_ACT_OK;
+}
+
 static __always_inline int sm_ingress_bounced(struct __sk_buff* skb, struct sm_packet* pkt) {
+  if (pkt->protocol == SM_IPPROTO_UDP) return sm_ingress_bounced_udp(skb, pkt);
   int state = -1;
   if (!sm_tcp_flags_is_syn(pkt->tcp_flags) ||
       sm_flow_is_known(state = sm_known_socket_state(skb, pkt))) {
@@ -167,13 +236,23 @@ static __always_inline int sm_ingress_bounced(struct __sk_buff* skb, struct sm_p
     sm_count(SM_CNT_NOT_ENROLLED);
     return SM_TC_ACT_OK;
   }
-  if (state == BPF_TCP_TIME_WAIT) {
-    return sm_pass_to_time_wait(pkt, wl, &pkt->src, SM_LISTENER_OUTBOUND);
+  /* The same choice as egress made: the DNS listener when the query has one. */
+  __u32 kind = SM_LISTENER_OUTBOUND;
+  enum sm_counter captured = SM_CNT_CAPTURED_OUTBOUND;
+  if (sm_is_dns_query(pkt, wl) && sm_has_listener(&pkt->src, SM_LISTENER_DNS_TCP)) {
+    kind = SM_LISTENER_DNS_TCP;
+    captured = SM_CNT_CAPTURED_DNS;
   }
-  return sm_assign_to_listener(skb, &pkt->src, SM_LISTENER_OUTBOUND, SM_CNT_CAPTURED_OUTBOUND);
+  if (state == BPF_TCP_TIME_WAIT) return sm_pass_to_time_wait(pkt, wl, &pkt->src, kind);
+  return sm_assign_to_listener(skb, &pkt->src, kind, captured);
 }
 
 static __always_inline int sm_ingress_from_wire(struct __sk_buff* skb, struct sm_packet* pkt) {
+  /* Inbound capture is for TCP; UDP from the wire (answers to uncaptured queries too) passes. */
+  if (pkt->protocol != SM_IPPROTO_TCP) {
+    sm_count(SM_CNT_PASSED);
+    return SM_TC_ACT_OK;
+  }
   struct sm_workload* wl = sm_workload_of(&pkt->dst);
   if (!wl || !(wl->flags & SM_WL_ENROLLED)) {
     sm_count(SM_CNT_NOT_ENROLLED);
@@ -204,7 +283,7 @@ static __always_inline int sm_ingress_from_wire(struct __sk_buff* skb, struct sm
 SEC("tc")
 int sm_tc_ingress(struct __sk_buff* skb) {
   struct sm_packet pkt = {};
-  if (sm_parse_tcp(skb, &pkt) < 0) {
+  if (sm_parse_l4(skb, &pkt) < 0) {
     sm_count(SM_CNT_PASSED);
     return SM_TC_ACT_OK;
   }

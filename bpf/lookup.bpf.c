@@ -43,9 +43,10 @@ int sm_sk_lookup(struct bpf_sk_lookup* ctx) {
   bool fresh = bpf_ktime_get_ns() - note->created_ns <= SM_NOTE_LIFETIME_NS;
   bpf_map_delete_elem(&sm_tw_syns, &flow);
   if (!fresh) return SK_PASS;
-  /* The pod whose listener it is: the SYN's source for outbound, its destination for inbound. */
-  struct sm_listener_key key = {.ip = kind == SM_LISTENER_OUTBOUND ? flow.remote : flow.local,
-                                .kind = kind};
+  /* The pod whose listener it is: the SYN's source for outbound (and DNS over TCP, which the pod
+   * sends), its destination for inbound. */
+  bool from_pod = kind == SM_LISTENER_OUTBOUND || kind == SM_LISTENER_DNS_TCP;
+  struct sm_listener_key key = {.ip = from_pod ? flow.remote : flow.local, .kind = kind};
   struct bpf_sock* listener = bpf_map_lookup_elem(&sm_listeners, &key);
   if (!listener) return SK_PASS;
   long err = bpf_sk_assign(ctx, listener, 0);

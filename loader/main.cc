@@ -41,7 +41,9 @@ commands:
   status      what is loaded, attached and enrolled, and the counters.
   enroll      --netns PATH --ifname IF --ip IP [--ip IP ...] --uid UID --namespace NS
               --service-account SA [--trust-domain TD] [--no-capture-inbound]
-              attach tc capture in the pod's netns, set its routing, record its identity.
+              [--no-capture-dns]
+              attach tc capture in the pod's netns, set its routing, record its identity
+              (--no-capture-dns: its queries to port 53 are not given to the proxy's 15053).
   unenroll    --netns PATH --ifname IF [--ip IP ...]
               undo enroll: records, tc, routing and accept_local as they were.
   run         [--run-dir DIR] [--labels-from kubernetes|config|auto] [--config FILE]
@@ -88,9 +90,14 @@ struct Args {
   }
 };
 
-const std::vector<std::string> kFlagOptions = {"--no-bypass",          "--fail-open",  "--force",
-                                               "--no-capture-inbound", "--no-install", "--help",
-                                               "--capture-node-traffic"};
+const std::vector<std::string> kFlagOptions = {"--no-bypass",
+                                               "--fail-open",
+                                               "--force",
+                                               "--no-capture-inbound",
+                                               "--no-install",
+                                               "--help",
+                                               "--capture-node-traffic",
+                                               "--no-capture-dns"};
 
 bool parse_args(int argc, char** argv, Args* out, std::string* error) {
   for (int i = 1; i < argc; ++i) {
@@ -186,6 +193,7 @@ int run_enroll(const std::string& root, const Args& args) {
   pod.identity.service_account = args.value("--service-account");
   pod.identity.trust_domain = args.value("--trust-domain", "cluster.local");
   pod.identity.capture_inbound = !args.flag("--no-capture-inbound");
+  pod.identity.capture_dns = !args.flag("--no-capture-dns");
   for (const char* required : {"--netns", "--uid", "--namespace", "--service-account", "--ip"}) {
     if (args.value(required).empty()) return usage_error(std::string("enroll needs ") + required);
   }
@@ -261,6 +269,7 @@ int run_agent(const std::string& root, const Args& args) {
 std::string describe_flags(const maps::WorkloadRecord& r) {
   std::string out = r.enrolled ? "enrolled" : "not-enrolled";
   if (r.capture_inbound) out += ",capture-inbound";
+  if (r.capture_dns) out += ",capture-dns";
   if (r.loader_flags & SM_WL_SET_ACCEPT_LOCAL) out += ",set-accept-local";
   if (r.loader_flags & SM_WL_MADE_CLSACT) out += ",made-clsact";
   return out;

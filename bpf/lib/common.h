@@ -17,6 +17,7 @@
 #define SM_ETH_P_IP 0x0800
 #define SM_ETH_P_IPV6 0x86DD
 #define SM_IPPROTO_TCP 6
+#define SM_IPPROTO_UDP 17
 
 #define SM_TC_ACT_OK 0
 #define SM_TC_ACT_SHOT 2

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 #pragma once
-/* Parsing of the Ethernet + IPv4/IPv6 + TCP headers that the capture programs decide on. */
+/* Parsing of the Ethernet + IPv4/IPv6 + TCP/UDP headers that the capture programs decide on. */
 #include "lib/maps.h"
 
 struct sm_packet {
@@ -10,20 +10,23 @@ struct sm_packet {
   __u32 payload_len;
   __u16 sport; /* host order */
   __u16 dport;
-  __u8 tcp_flags;
+  __u8 tcp_flags; /* 0 for UDP */
   __u8 is_v6;
+  __u8 protocol; /* SM_IPPROTO_TCP or SM_IPPROTO_UDP */
 };
 
-/* Enough for Ethernet, an IPv4 header with options or an IPv6 header, and TCP with options. */
+/* Enough for Ethernet, an IPv4 header with options or an IPv6 header, and TCP with options (UDP's
+ * header is shorter). */
 #define SM_HEADERS_MAX (14 + 60 + 60)
 
 static __always_inline int sm_tcp_flags_is_syn(__u8 flags) {
   return (flags & (SM_TCP_SYN | SM_TCP_ACK | SM_TCP_RST)) == SM_TCP_SYN;
 }
 
-/* Fills *pkt from a TCP packet. Returns 0 for TCP over IPv4/IPv6 (first fragment, no IPv6
- * extension headers), -1 for anything else, which the programs let through. */
-static __always_inline int sm_parse_tcp(struct __sk_buff* skb, struct sm_packet* pkt) {
+/* Fills *pkt from a TCP or UDP packet. Returns 0 for TCP or UDP over IPv4/IPv6 (first fragment,
+ * no IPv6 extension headers), -1 for anything else, which the programs let through. The ports sit
+ * at the same offsets in both headers; only TCP has flags and a variable header length. */
+static __always_inline int sm_parse_l4(struct __sk_buff* skb, struct sm_packet* pkt) {
   void* data = (void*)(long)skb->data;
   void* data_end = (void*)(long)skb->data_end;
   if (data + SM_HEADERS_MAX > data_end && skb->len > (__u32)(data_end - data)) {
@@ -37,48 +40,56 @@ static __always_inline int sm_parse_tcp(struct __sk_buff* skb, struct sm_packet*
   struct ethhdr* eth = data;
   if ((void*)(eth + 1) > data_end) return -1;
 
-  struct tcphdr* tcp;
+  struct udphdr* l4; /* the ports of either protocol */
   __u32 l4_offset;
+  __u8 protocol;
   if (eth->h_proto == bpf_htons(SM_ETH_P_IP)) {
     struct iphdr* ip = (void*)(eth + 1);
     if ((void*)(ip + 1) > data_end) return -1;
-    if (ip->protocol != SM_IPPROTO_TCP) return -1;
+    protocol = ip->protocol;
+    if (protocol != SM_IPPROTO_TCP && protocol != SM_IPPROTO_UDP) return -1;
     if (ip->frag_off & bpf_htons(SM_IP_OFFSET_MASK)) return -1;
     __u32 ihl = ip->ihl * 4;
     if (ihl < sizeof(*ip)) return -1;
-    tcp = (void*)ip + ihl;
-    if ((void*)(tcp + 1) > data_end) return -1;
+    l4 = (void*)ip + ihl;
+    if ((void*)(l4 + 1) > data_end) return -1;
     l4_offset = sizeof(*eth) + ihl;
     sm_ip_from_v4(&pkt->src, ip->saddr);
     sm_ip_from_v4(&pkt->dst, ip->daddr);
     pkt->tuple.ipv4.saddr = ip->saddr;
     pkt->tuple.ipv4.daddr = ip->daddr;
-    pkt->tuple.ipv4.sport = tcp->source;
-    pkt->tuple.ipv4.dport = tcp->dest;
+    pkt->tuple.ipv4.sport = l4->source;
+    pkt->tuple.ipv4.dport = l4->dest;
     pkt->is_v6 = 0;
   } else if (eth->h_proto == bpf_htons(SM_ETH_P_IPV6)) {
     struct ipv6hdr* ip6 = (void*)(eth + 1);
     if ((void*)(ip6 + 1) > data_end) return -1;
-    if (ip6->nexthdr != SM_IPPROTO_TCP) return -1;
-    tcp = (void*)(ip6 + 1);
-    if ((void*)(tcp + 1) > data_end) return -1;
+    protocol = ip6->nexthdr;
+    if (protocol != SM_IPPROTO_TCP && protocol != SM_IPPROTO_UDP) return -1;
+    l4 = (void*)(ip6 + 1);
+    if ((void*)(l4 + 1) > data_end) return -1;
     l4_offset = sizeof(*eth) + sizeof(*ip6);
     sm_ip_from_v6(&pkt->src, ip6->saddr.in6_u.u6_addr32);
     sm_ip_from_v6(&pkt->dst, ip6->daddr.in6_u.u6_addr32);
     __builtin_memcpy(pkt->tuple.ipv6.saddr, ip6->saddr.in6_u.u6_addr32, 16);
     __builtin_memcpy(pkt->tuple.ipv6.daddr, ip6->daddr.in6_u.u6_addr32, 16);
-    pkt->tuple.ipv6.sport = tcp->source;
-    pkt->tuple.ipv6.dport = tcp->dest;
+    pkt->tuple.ipv6.sport = l4->source;
+    pkt->tuple.ipv6.dport = l4->dest;
     pkt->is_v6 = 1;
   } else {
     return -1;
   }
 
-  __u32 tcp_len = tcp->doff * 4;
-  pkt->sport = bpf_ntohs(tcp->source);
-  pkt->dport = bpf_ntohs(tcp->dest);
-  pkt->tcp_flags = ((__u8*)tcp)[13];
-  __u32 headers = l4_offset + tcp_len;
+  pkt->protocol = protocol;
+  pkt->sport = bpf_ntohs(l4->source);
+  pkt->dport = bpf_ntohs(l4->dest);
+  __u32 headers = l4_offset + sizeof(struct udphdr);
+  if (protocol == SM_IPPROTO_TCP) {
+    struct tcphdr* tcp = (void*)l4;
+    if ((void*)(tcp + 1) > data_end) return -1;
+    pkt->tcp_flags = ((__u8*)tcp)[13];
+    headers = l4_offset + tcp->doff * 4;
+  }
   pkt->payload_len = skb->len > headers ? skb->len - headers : 0;
   return 0;
 }

@@ -13,6 +13,14 @@ const std::string* mode_of(const Labels* labels) {
 
 }  // namespace
 
+bool dns_capture_wanted(const Labels& labels, const Labels& annotations) {
+  for (const Labels* m : {&labels, &annotations}) {
+    auto it = m->find(kDnsCaptureKey);
+    if (it != m->end() && it->second == "false") return false;
+  }
+  return true;
+}
+
 bool is_ambient(const Labels& labels) {
   const std::string* mode = mode_of(&labels);
   return mode != nullptr && *mode == kDataplaneModeAmbient;

@@ -33,4 +33,9 @@ Decision decide(const PodFacts& pod, const std::vector<std::string>& excluded_na
 // Whether labels say istio.io/dataplane-mode=ambient.
 bool is_ambient(const Labels& labels);
 
+// ambient.istio.io/dns-capture=false, as a label or an annotation of the pod, turns the capture of
+// its DNS queries off (SM_WL_CAPTURE_DNS); any other value, or none, leaves it on.
+inline constexpr char kDnsCaptureKey[] = "ambient.istio.io/dns-capture";
+bool dns_capture_wanted(const Labels& labels, const Labels& annotations);
+
 }  // namespace sockmesh::agent

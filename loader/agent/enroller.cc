@@ -52,6 +52,7 @@ maps::Status LoaderEnroller::enroll(const PodRecord& pod, const std::string& tru
   spec.identity.namespace_name = pod.namespace_name;
   spec.identity.service_account = pod.service_account;
   spec.identity.trust_domain = trust_domain;
+  spec.identity.capture_dns = pod.capture_dns;
   auto report = loader::enroll(options_.pin_root, spec);
   if (!report) {
     // enroll writes the records last: a failure before them leaves capture off. Undo the routing

@@ -21,6 +21,7 @@ struct PodMeta {
   std::string namespace_name;
   std::string service_account = "default";
   Labels labels;
+  Labels annotations;  // Kubernetes only (the config file has labels only)
   bool host_network = false;
   std::vector<IpAddress> ips;  // status.podIPs (Kubernetes), workloadIps (local config)
   bool running = true;         // false once the pod has terminated (phase Succeeded/Failed)

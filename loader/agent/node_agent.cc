@@ -89,6 +89,7 @@ maps::Status NodeAgent::start() {
     record.name = uid;
     record.namespace_name = first.namespace_name;
     record.service_account = first.service_account;
+    record.capture_dns = first.capture_dns;
     record.enrolled = true;
     record.origin = PodOrigin::kAdopted;
     for (const auto& e : entries) add_unique(&record.ips, e.ip);
@@ -175,6 +176,7 @@ cni::AgentReply NodeAgent::add_or_check(const cni::PodEvent& event,
   incoming.name = event.pod_name;
   incoming.namespace_name = event.pod_namespace;
   if (meta && !meta->service_account.empty()) incoming.service_account = meta->service_account;
+  if (meta) incoming.capture_dns = dns_capture_wanted(meta->labels, meta->annotations);
   incoming.container_id = event.container_id;
   incoming.netns_path = event.netns;
   incoming.ifname = event.ifname.empty() ? "eth0" : event.ifname;
@@ -200,6 +202,7 @@ cni::AgentReply NodeAgent::add_or_check(const cni::PodEvent& event,
       if (!meta && old.enrolled && !old.metadata_pending) {
         // A CHECK (or a repeated ADD) of a pod enrolled with the identity it was given: kept.
         incoming.service_account = old.service_account;
+        incoming.capture_dns = old.capture_dns;
         identity_known = true;
       }
     } else if (old.enrolled) {
@@ -457,6 +460,7 @@ void NodeAgent::reconcile_locked() {
       if (meta == nullptr) continue;  // still held: nothing is enrolled on a guess
       record.metadata_pending = false;
       record.service_account = meta->service_account;
+      record.capture_dns = dns_capture_wanted(meta->labels, meta->annotations);
       if (record.ips.empty()) record.ips = meta->ips;
       SM_INFO("agent") << "pod " << record.who() << ": metadata arrived (service account "
                        << record.service_account << "); its held enrollment is decided now";
@@ -469,6 +473,20 @@ void NodeAgent::reconcile_locked() {
       SM_INFO("agent") << "pod " << record.who() << ": service account " << record.service_account
                        << " -> " << meta->service_account << "; updating its workload record";
       record.service_account = meta->service_account;
+      if (auto s = enroller_->enroll(record, options_.trust_domain); !s) {
+        SM_WARN("agent") << "updating the workload record of " << record.who() << ": "
+                         << s.error().message;
+      }
+      continue;
+    }
+    if (record.enrolled && decision.enroll && meta != nullptr &&
+        dns_capture_wanted(meta->labels, meta->annotations) != record.capture_dns) {
+      // ambient.istio.io/dns-capture changed on a running pod: its record's flag follows.
+      record.capture_dns = !record.capture_dns;
+      SM_INFO("agent") << "pod " << record.who() << ": DNS capture "
+                       << (record.capture_dns ? "on"
+                                              : "off (" + std::string(kDnsCaptureKey) + "=false)")
+                       << "; updating its workload record";
       if (auto s = enroller_->enroll(record, options_.trust_domain); !s) {
         SM_WARN("agent") << "updating the workload record of " << record.who() << ": "
                          << s.error().message;
@@ -512,6 +530,7 @@ void NodeAgent::discover_locked() {
     record.name = meta.name;
     record.namespace_name = meta.namespace_name;
     record.service_account = meta.service_account;
+    record.capture_dns = dns_capture_wanted(meta.labels, meta.annotations);
     record.netns_path = netns;
     record.ips = meta.ips;
     record.origin = PodOrigin::kDiscovered;

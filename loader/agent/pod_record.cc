@@ -58,6 +58,7 @@ maps::Result<PodRecords> load_pod_records(const std::string& path) {
       r.netns_path = p.value("netns", "");
       r.ifname = p.value("ifname", "eth0");
       r.enrolled = p.value("enrolled", false);
+      r.capture_dns = p.value("captureDns", true);
       r.metadata_pending = p.value("metadataPending", false);
       r.origin = origin_of(p.value("origin", "cni"));
       for (const auto& ip : p.value("ips", std::vector<std::string>{})) {
@@ -87,6 +88,7 @@ maps::Status save_pod_records(const std::string& path, const PodRecords& pods) {
                     {"ifname", r.ifname},
                     {"ips", ips},
                     {"enrolled", r.enrolled},
+                    {"captureDns", r.capture_dns},
                     {"metadataPending", r.metadata_pending},
                     {"origin", origin_name(r.origin)}});
   }

@@ -27,6 +27,9 @@ struct PodRecord {
   std::string netns_path;
   std::string ifname = "eth0";
   std::vector<IpAddress> ips;
+  // Its DNS queries are captured (SM_WL_CAPTURE_DNS): off for a pod labelled or annotated
+  // ambient.istio.io/dns-capture=false.
+  bool capture_dns = true;
   bool enrolled = false;  // capture on and handed to the proxy
   // The pod is to be enrolled but its metadata (service account, labels) is not known yet:
   // never enrolled under a guessed identity; enrolled once the label source has it.

@@ -12,7 +12,7 @@ namespace sockmesh::maps {
 namespace {
 
 constexpr MapShape kWorkloadShape{BPF_MAP_TYPE_HASH, sizeof(sm_ip), sizeof(sm_workload)};
-constexpr uint32_t kPolicyFlags = SM_WL_ENROLLED | SM_WL_CAPTURE_INBOUND;
+constexpr uint32_t kPolicyFlags = SM_WL_ENROLLED | SM_WL_CAPTURE_INBOUND | SM_WL_CAPTURE_DNS;
 
 template <size_t N>
 Status copy_field(char (&out)[N], const std::string& value, const char* field) {
@@ -51,6 +51,7 @@ Result<sm_workload> WorkloadRecord::to_kernel() const {
   raw.flags = loader_flags & ~kPolicyFlags;
   if (enrolled) raw.flags |= SM_WL_ENROLLED;
   if (capture_inbound) raw.flags |= SM_WL_CAPTURE_INBOUND;
+  if (capture_dns) raw.flags |= SM_WL_CAPTURE_DNS;
   raw.ifindex = ifindex;
   raw.netns_cookie = netns_cookie;
   return raw;
@@ -64,6 +65,7 @@ WorkloadRecord WorkloadRecord::from_kernel(const sm_workload& raw) {
   r.trust_domain = read_field(raw.trust_domain);
   r.enrolled = (raw.flags & SM_WL_ENROLLED) != 0;
   r.capture_inbound = (raw.flags & SM_WL_CAPTURE_INBOUND) != 0;
+  r.capture_dns = (raw.flags & SM_WL_CAPTURE_DNS) != 0;
   r.loader_flags = raw.flags & ~kPolicyFlags;
   r.ifindex = raw.ifindex;
   r.netns_cookie = raw.netns_cookie;

@@ -24,6 +24,7 @@ struct WorkloadRecord {
   std::string trust_domain = "cluster.local";
   bool enrolled = true;
   bool capture_inbound = true;
+  bool capture_dns = true;    // SM_WL_CAPTURE_DNS: its DNS queries go to the proxy's 15053
   uint32_t ifindex = 0;       // the pod's device, inside its netns
   uint64_t netns_cookie = 0;  // SO_NETNS_COOKIE of the pod's netns
   uint32_t loader_flags = 0;  // SM_WL_SET_ACCEPT_LOCAL, SM_WL_MADE_CLSACT: the loader's notes

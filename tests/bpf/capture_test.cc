@@ -395,6 +395,50 @@ TEST_F(CaptureTest, NonTcpPassesUntouched) {
   EXPECT_EQ(moved(), (Counts{{"passed", 3}}));
 }
 
+// DNS (SM_WL_CAPTURE_DNS, on by default): each UDP datagram to port 53 is bounced and, at ingress,
+// assigned to the pod's dns-udp socket; without that socket, or without the flag, or to another
+// port, it passes. Which TCP listener a SYN to :53 lands on, tests/loader/dns_capture_test.cc
+// shows.
+TEST_F(CaptureTest, DnsOverUdpIsBouncedAndAssignedDatagramByDatagram) {
+  auto query = tcp_frame(ep("10.0.0.2:40000"), ep("10.96.0.10:53"), 0, 40, IPPROTO_UDP);
+  enroll("10.0.0.2");
+  // No dns-udp socket yet: DNS goes out as if sockmesh were not there.
+  EXPECT_EQ(egress(query).verdict, TC_ACT_OK);
+  EXPECT_EQ(moved(), (Counts{{"passed", 1}}));
+
+  UniqueFd dns(socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(dns.get(), reinterpret_cast<sockaddr*>(&at), sizeof(at)), 0) << strerror(errno);
+  auto added = listeners_->add(ip("10.0.0.2"), ListenerKind::kDnsUdp, dns.get());
+  ASSERT_TRUE(added) << added.error().message;
+  for (int i = 0; i < 3; ++i) {
+    auto out = egress(query);
+    EXPECT_EQ(out.verdict, TC_ACT_REDIRECT);
+    EXPECT_TRUE(dest_mac_is_source_mac(out.frame));
+    EXPECT_EQ(out.mark & SM_MARK_MASK, SM_MARK_BOUNCED);
+    EXPECT_EQ(moved(), (Counts{{"bounced", 1}})) << "no tc_payload: that one is TCP's";
+    expect_assign_attempted(ingress(out.frame, out.mark));
+  }
+
+  // Another port, the proxy's mark: untouched.
+  EXPECT_EQ(
+      egress(tcp_frame(ep("10.0.0.2:40000"), ep("10.96.0.10:5353"), 0, 40, IPPROTO_UDP)).verdict,
+      TC_ACT_OK);
+  EXPECT_EQ(moved(), (Counts{{"passed", 1}}));
+  EXPECT_EQ(egress(query, SM_MARK_PROXY).verdict, TC_ACT_OK);
+  EXPECT_EQ(moved(), (Counts{{"proxy_skipped", 1}}));
+
+  // A workload whose record lacks SM_WL_CAPTURE_DNS (ambient.istio.io/dns-capture=false).
+  maps::WorkloadRecord no_dns;
+  no_dns.uid = "uid-10.0.0.2";
+  no_dns.capture_dns = false;
+  ASSERT_TRUE(workloads_->enroll(ip("10.0.0.2"), no_dns));
+  EXPECT_EQ(egress(query).verdict, TC_ACT_OK);
+  EXPECT_EQ(moved(), (Counts{{"passed", 1}}));
+}
+
 TEST_F(CaptureTest, PodThatIsNotEnrolledIsUntouched) {
   enroll("10.0.0.2");
   UniqueFd proxy = register_listener("10.0.0.3", ListenerKind::kOutbound);

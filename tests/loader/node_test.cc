@@ -351,9 +351,19 @@ TEST(Cli, InstallEnrollStatusUnenrollUninstall) {
   EXPECT_EQ(status.exit_code, 0);
   for (const char* expect :
        {"installed", "sockops: attached to cgroup id", "sk_msg: attached", "workloads (2)",
-        "spiffe://cluster.local/ns/shop/sa/checkout", "captured_outbound", "bypass_misses"}) {
+        "spiffe://cluster.local/ns/shop/sa/checkout", "captured_outbound", "bypass_misses",
+        "enrolled,capture-inbound,capture-dns", "captured_dns"}) {
     EXPECT_NE(status.output.find(expect), std::string::npos) << expect << " in\n" << status.output;
   }
+  // enroll --no-capture-dns: the flag is off in the record (status shows no capture-dns).
+  auto no_dns =
+      loader({"enroll", "--netns", topo.pod.path(), "--ifname", "eth0", "--ip",
+              topo.pod_v4.to_string(), "--ip", topo.pod_v6.to_string(), "--uid", "u1",
+              "--namespace", "shop", "--service-account", "checkout", "--no-capture-dns"});
+  EXPECT_EQ(no_dns.exit_code, 0) << no_dns.output;
+  status = loader({"status"});
+  EXPECT_EQ(status.output.find(",capture-dns"), std::string::npos) << status.output;
+  EXPECT_NE(status.output.find("enrolled,capture-inbound,"), std::string::npos) << status.output;
   auto refused = loader({"uninstall"});
   EXPECT_EQ(refused.exit_code, 1);
   EXPECT_NE(refused.output.find("still enrolled"), std::string::npos) << refused.output;

@@ -119,6 +119,8 @@ enum sm_counter {
                                    it, so that it yields to the proxy's listener (sm_sk_lookup) */
   SM_CNT_TIME_WAIT_REUSED,      /* listener lookups sm_sk_lookup answered with the proxy's listener
                                    (a SYN that reused the tuple of a TIME_WAIT socket) */
+  SM_CNT_CAPTURED_DNS,          /* DNS queries given to the proxy's DNS sockets (15053): each UDP
+                                   datagram, and each TCP SYN, to port 53 */
   SM_CNT_COUNT,
 };
 

@@ -7,11 +7,12 @@ namespace {
 
 using Json = nlohmann::json;
 
-Labels labels_of(const Json& object) {
+// metadata.labels, or another string map of metadata (`field`: "annotations").
+Labels labels_of(const Json& object, const char* field = "labels") {
   Labels out;
   auto meta = object.find("metadata");
   if (meta == object.end()) return out;
-  auto labels = meta->find("labels");
+  auto labels = meta->find(field);
   if (labels == meta->end() || !labels->is_object()) return out;
   for (const auto& [k, v] : labels->items()) {
     if (v.is_string()) out[k] = v.get<std::string>();
@@ -29,6 +30,7 @@ std::optional<PodMeta> pod_meta_of(const Json& pod) {
     meta.name = m.at("name").get<std::string>();
     meta.namespace_name = m.at("namespace").get<std::string>();
     meta.labels = labels_of(pod);
+    meta.annotations = labels_of(pod, "annotations");
     if (auto spec = pod.find("spec"); spec != pod.end() && spec->is_object()) {
       meta.service_account = spec->value("serviceAccountName", "default");
       if (meta.service_account.empty()) meta.service_account = "default";

@@ -254,6 +254,27 @@ TEST_F(KubeTest, ANamespaceLabelledThroughTheWatchEnrollsItsPods) {
   source.stop();
 }
 
+// The pod's annotations reach the agent with its labels: ambient.istio.io/dns-capture=false as
+// an annotation turns the capture of its DNS off like the label does.
+TEST(KubePodMeta, AnnotationsAreReadAndTheDnsCaptureAnnotationCounts) {
+  auto pod = nlohmann::json::parse(R"({
+    "metadata": {"uid": "u-1", "name": "web-0", "namespace": "shop",
+                 "labels": {"app": "web"},
+                 "annotations": {"ambient.istio.io/dns-capture": "false", "other": "x"}},
+    "spec": {"serviceAccountName": "web"},
+    "status": {"phase": "Running", "podIPs": [{"ip": "10.1.0.5"}]}})");
+  auto meta = kube::pod_meta_of(pod);
+  ASSERT_TRUE(meta);
+  EXPECT_EQ(meta->annotations.at(kDnsCaptureKey), "false");
+  EXPECT_EQ(meta->labels.count(kDnsCaptureKey), 0u);
+  EXPECT_FALSE(dns_capture_wanted(meta->labels, meta->annotations));
+  pod["metadata"].erase("annotations");
+  meta = kube::pod_meta_of(pod);
+  ASSERT_TRUE(meta);
+  EXPECT_TRUE(meta->annotations.empty());
+  EXPECT_TRUE(dns_capture_wanted(meta->labels, meta->annotations));
+}
+
 TEST(ClusterAccess, ReadsAKubeconfigAndTheInClusterServiceAccount) {
   namespace fs = std::filesystem;
   fs::path dir = fs::temp_directory_path() / ("sockmesh-kubeconfig-" + std::to_string(getpid()));

@@ -308,6 +308,51 @@ TEST_F(NodeAgentTest, LabellingANamespaceEnrollsItsRunningPodsAndUnlabellingUnen
   for (const auto& [uid, record] : agent->pods()) EXPECT_FALSE(record.enrolled) << uid;
 }
 
+// ambient.istio.io/dns-capture=false, as a label or an annotation of the pod, clears
+// SM_WL_CAPTURE_DNS in its workload record (enrolled all the same); any other value leaves it set;
+// a change on a running pod rewrites the record; the flag survives a restart of the agent.
+TEST_F(NodeAgentTest, DnsCaptureLabelOrAnnotationClearsTheFlag) {
+  EXPECT_TRUE(dns_capture_wanted({}, {}));
+  EXPECT_FALSE(dns_capture_wanted({{kDnsCaptureKey, "false"}}, {}));
+  EXPECT_FALSE(dns_capture_wanted({}, {{kDnsCaptureKey, "false"}}));
+  EXPECT_TRUE(dns_capture_wanted({{kDnsCaptureKey, "true"}}, {{kDnsCaptureKey, "no"}}));
+
+  const Labels kNoDns = {{kDnsCaptureKey, "false"}};
+  auto view = [&](bool annotate_b) {
+    ViewBuilder v;
+    v.ns("shop", kAmbient).known("shop", {"a"}).pod("shop", "b", kNoDns).pod("shop", "c", {});
+    if (annotate_b) v.view->pods[LabelView::key("shop", "c")].annotations = kNoDns;
+    return v.build();
+  };
+  {
+    auto agent = make_agent();
+    agent->update_labels(view(/*annotate_b=*/true));
+    for (auto [name, i, address] : {std::tuple{"a", 1, "10.0.0.1"}, std::tuple{"b", 2, "10.0.0.2"},
+                                    std::tuple{"c", 3, "10.0.0.3"}}) {
+      auto reply = agent->handle(event(cni::Command::kAdd, "shop", name, netns(i), address));
+      EXPECT_EQ(reply.outcome, Outcome::kEnrolled) << name << ": " << reply.message;
+    }
+    EXPECT_TRUE(enroller_.workload_map().at(ip("10.0.0.1")).capture_dns) << "no label: on";
+    EXPECT_FALSE(enroller_.workload_map().at(ip("10.0.0.2")).capture_dns) << "label: off";
+    EXPECT_FALSE(enroller_.workload_map().at(ip("10.0.0.3")).capture_dns) << "annotation: off";
+    auto raw = enroller_.workload_map().at(ip("10.0.0.2")).to_kernel();
+    ASSERT_TRUE(raw);
+    EXPECT_EQ(raw->flags & (SM_WL_ENROLLED | SM_WL_CAPTURE_DNS), uint32_t{SM_WL_ENROLLED});
+    raw = enroller_.workload_map().at(ip("10.0.0.1")).to_kernel();
+    ASSERT_TRUE(raw);
+    EXPECT_NE(raw->flags & SM_WL_CAPTURE_DNS, 0u);
+
+    // The annotation is removed from the running pod c: its record follows.
+    agent->update_labels(view(/*annotate_b=*/false));
+    EXPECT_TRUE(enroller_.workload_map().at(ip("10.0.0.3")).capture_dns);
+    EXPECT_FALSE(enroller_.workload_map().at(ip("10.0.0.2")).capture_dns);
+  }
+  // A restarted agent re-applies each pod's enrollment with the flag it had.
+  auto agent = make_agent();
+  EXPECT_FALSE(enroller_.workload_map().at(ip("10.0.0.2")).capture_dns);
+  EXPECT_TRUE(enroller_.workload_map().at(ip("10.0.0.3")).capture_dns);
+}
+
 // The first view knows the namespace but not the pod (its ADD beat the view) and the source
 // cannot say more: the pod must not be enrolled as service account "default" (an identity it was
 // not given). The ADD fails, with nothing captured or handed to the proxy, and is counted; once
@@ -548,6 +593,28 @@ TEST_F(NodeAgentTest, RunningPodsListedByTheApiAreFoundByTheirCgroupAndEnrolled)
   auto reply = agent.handle(event(cni::Command::kAdd, "plain", "fetched", netns(4), "10.0.0.4"));
   EXPECT_EQ(reply.outcome, Outcome::kEnrolled) << reply.message;
   EXPECT_EQ(handoff_->pods().at("uid-fetched").service_account, "fetched-sa");
+}
+
+// The config file has labels only: ambient.istio.io/dns-capture=false there reaches the agent's
+// decision as it does from the API.
+TEST(LocalConfigLabels, TheDnsCaptureLabelOfAWorkloadInTheFileCounts) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("sockmesh-labels-dns-test-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  auto path = (dir / "mesh.yaml").string();
+  std::ofstream(path) << "namespaces:\n- name: shop\nworkloads:\n- uid: u1\n  name: web\n"
+                         "  namespace: shop\n  serviceAccount: web-sa\n  workloadIps: [10.0.0.9]\n"
+                         "  labels: {ambient.istio.io/dns-capture: \"false\"}\n"
+                         "- uid: u2\n  name: api\n  namespace: shop\n  workloadIps: [10.0.0.10]\n";
+  LocalConfigLabels labels(path, std::chrono::hours(1));
+  ASSERT_TRUE(labels.load());
+  auto web = labels.fetch_pod("shop", "web");
+  ASSERT_TRUE(web);
+  EXPECT_FALSE(dns_capture_wanted(web->labels, web->annotations));
+  auto api = labels.fetch_pod("shop", "api");
+  ASSERT_TRUE(api);
+  EXPECT_TRUE(dns_capture_wanted(api->labels, api->annotations));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(LocalConfigLabels, APodMissingFromTheViewIsLookedUpInTheFileAsItIsNow) {

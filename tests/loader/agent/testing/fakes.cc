@@ -48,6 +48,7 @@ maps::Status FakeEnroller::enroll(const PodRecord& pod, const std::string& trust
     r.namespace_name = pod.namespace_name;
     r.service_account = pod.service_account;
     r.trust_domain = trust_domain;
+    r.capture_dns = pod.capture_dns;
     r.netns_cookie = netns->second;
     r.ifindex = 2;
     map_[ip] = r;
