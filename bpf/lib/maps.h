@@ -38,7 +38,7 @@ struct {
 /* Per-CPU counters indexed by enum sm_counter. */
 struct {
   __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-  __uint(max_entries, SM_CNT_COUNT);
+  __uint(max_entries, SM_CNT_SLOTS);
   __type(key, __u32);
   __type(value, __u64);
   __uint(pinning, LIBBPF_PIN_BY_NAME);

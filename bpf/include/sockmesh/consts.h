@@ -44,6 +44,9 @@
 /* Kept at its first size so that pinned maps stay reusable across an upgrade: with five kinds
  * it holds every listener of 9,830 pods. */
 #define SM_MAX_LISTENERS (3 * SM_MAX_WORKLOADS)
+/* Slots of SM_MAP_COUNTERS: more than enum sm_counter uses, so that a new counter keeps the
+ * pinned map's shape and an upgrade can reuse it. */
+#define SM_CNT_SLOTS 32
 #define SM_MAX_BYPASS_SOCKETS 65536
 #define SM_MAX_STACK_FLOWS 16384
 #define SM_MAX_AWAIT_PEER 4096

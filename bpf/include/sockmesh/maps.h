@@ -124,6 +124,7 @@ enum sm_counter {
   SM_CNT_COUNT,
 };
 
+SM_STATIC_ASSERT(SM_CNT_COUNT <= SM_CNT_SLOTS, "sm_counters has a slot for every counter");
 SM_STATIC_ASSERT(sizeof(struct sm_ip) == 16, "sm_ip is 16 bytes");
 SM_STATIC_ASSERT(__alignof__(struct sm_ip) == 4, "sm_ip is word aligned");
 SM_STATIC_ASSERT(sizeof(struct sm_workload) == 656, "sm_workload layout changed");
