@@ -2,12 +2,12 @@
 
 #include "base/log.h"
 #include "net/relay.h"
-#include "proxy/plain_relay.h"
 #include "net/sockets.h"
 #include "policy/authorize.h"
 #include "proxy/connection_record.h"
 #include "proxy/context.h"
 #include "proxy/dial.h"
+#include "proxy/plain_relay.h"
 
 namespace sockmesh::proxy {
 

@@ -8,9 +8,9 @@
 #include "proxy/connection_record.h"
 #include "proxy/context.h"
 #include "proxy/dial.h"
+#include "proxy/plain_relay.h"
 #include "proxy/pool.h"
 #include "proxy/resolve.h"
-#include "proxy/plain_relay.h"
 #include "proxy/tunnel_relay.h"
 
 namespace sockmesh::proxy {
