@@ -232,6 +232,9 @@ const std::map<std::string, std::pair<Setter, const char*>>& flags() {
       {"preserve-source-ip", {[](const std::string& v, Options* o) {
                                 return parse_bool(v, &o->proxy.preserve_source_ip);
                               }, "apps see the client's IP (default true)"}},
+      {"splice-passthrough", {[](const std::string& v, Options* o) {
+                                return parse_bool(v, &o->proxy.splice_passthrough);
+                              }, "relay plain TCP (passthrough, inbound plaintext) with splice(2), copying only where the sockmap bypass needs it (default true)"}},
       {"kept-source-ports", {[](const std::string& v, Options* o) -> std::optional<std::string> {
                                auto dash = v.find('-');
                                long long low = 0, high = 0;

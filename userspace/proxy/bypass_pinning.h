@@ -28,6 +28,8 @@ class BypassPinning {
 
   // Whether the maps are open (tries to open them if the last try is older than `retry`).
   bool available();
+  // False when no pin root was given: the proxy runs without the sockmap bypass.
+  bool configured() const { return !pin_root_.empty(); }
 
   // For the proxy's connected socket `fd` towards an app: what a relay runs when it pauses reading
   // it, or nullptr when the socket is not bypassed. Decided once per socket, right after accept

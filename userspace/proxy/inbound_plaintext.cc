@@ -7,6 +7,7 @@
 #include "proxy/connection_record.h"
 #include "proxy/context.h"
 #include "proxy/dial.h"
+#include "proxy/plain_relay.h"
 
 namespace sockmesh::proxy {
 
@@ -68,14 +69,11 @@ void InboundPlaintext::handle(Worker& worker, Tcp::socket socket) {
          }
          // The upstream socket is the app's peer; sockops paired the two when it connected.
          auto app_paused = ctx.bypass_read_paused(upstream.native_handle());
-         auto relay = std::make_shared<net::TcpRelay>(std::move(*client_sock), std::move(upstream));
-         relay->on_read_paused(nullptr, std::move(app_paused));
-         std::weak_ptr<net::TcpRelay> weak = relay;
-         record->track(uid, facts, [weak](const std::string& reason) {
-           if (auto rl = weak.lock()) rl->abort(reason);
-         });
-         relay->start(finish_when_done<net::TcpRelay::Result>(record),
-                      count_bytes(record, /*forward_is_outgoing=*/true));
+         auto relay = start_plain_relay(ctx, std::move(*client_sock), std::move(upstream), nullptr,
+                                        std::move(app_paused),
+                                        finish_when_done<net::TcpRelay::Result>(record),
+                                        count_bytes(record, /*forward_is_outgoing=*/true));
+         record->track(uid, facts, std::move(relay.abort));
        });
 }
 

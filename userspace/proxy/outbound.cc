@@ -8,6 +8,7 @@
 #include "proxy/connection_record.h"
 #include "proxy/context.h"
 #include "proxy/dial.h"
+#include "proxy/plain_relay.h"
 #include "proxy/pool.h"
 #include "proxy/resolve.h"
 #include "proxy/tunnel_relay.h"
@@ -118,18 +119,17 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
     opts.mark = ctx.config.mark;
     opts.netns = ctx.pod_netns.find(client_addr.ip);  // in-pod mode: leave from the client's pod
     dial(worker.io(), route.target, opts, ctx.config.connect_timeout,
-         [record, client_ptr, ready, read_paused](DialResult r, Tcp::socket upstream) {
+         [&ctx, record, client_ptr, ready, read_paused](DialResult r, Tcp::socket upstream) {
            if (!r.ok) {
              OutboundOutcome o{false, r.error, ResponseFlags::kConnectionFailure, false, true};
              fail_client(record, client_ptr, ready, o);
              return;
            }
-           auto start = [record, client_ptr, read_paused,
+           auto start = [&ctx, record, client_ptr, read_paused,
                          up = std::make_shared<Tcp::socket>(std::move(upstream))]() mutable {
-             auto relay = std::make_shared<net::TcpRelay>(std::move(*client_ptr), std::move(*up));
-             relay->on_read_paused(std::move(read_paused), nullptr);
-             relay->start(finish_when_done<net::TcpRelay::Result>(record),
-                          count_bytes(record, /*forward_is_outgoing=*/true));
+             start_plain_relay(ctx, std::move(*client_ptr), std::move(*up), std::move(read_paused),
+                               nullptr, finish_when_done<net::TcpRelay::Result>(record),
+                               count_bytes(record, /*forward_is_outgoing=*/true));
            };
            if (ready) {
              ready(OutboundOutcome{true}, client_ptr, start);

@@ -72,6 +72,9 @@ struct ProxyConfig {
   uint16_t hbone_port = kHbonePort;
 
   bool preserve_source_ip = true;
+  // Plain TCP relays (passthrough, inbound plaintext) move bytes with splice(2) where the sockmap
+  // bypass allows it (see proxy/plain_relay.h); false: always copy through user space.
+  bool splice_passthrough = true;
   // The source ports of those dials (the client's port is not kept: see net/source_port.h).
   net::PortRange kept_source_ports;
   // SO_MARK of the proxy's sockets, as bpf/include/sockmesh/consts.h defines them: tc never
