@@ -61,7 +61,7 @@ TEST(Abi, WorkloadRecordRoundTripsAndRefusesOversizedFields) {
   r.loader_flags = SM_WL_SET_ACCEPT_LOCAL;
   auto raw = r.to_kernel();
   ASSERT_TRUE(raw);
-  EXPECT_EQ(raw->flags, SM_WL_ENROLLED | SM_WL_SET_ACCEPT_LOCAL);
+  EXPECT_EQ(raw->flags, SM_WL_ENROLLED | SM_WL_CAPTURE_DNS | SM_WL_SET_ACCEPT_LOCAL);  // DNS: on by default
   EXPECT_STREQ(raw->service_account, "checkout");
   EXPECT_EQ(maps::WorkloadRecord::from_kernel(*raw), r);
   EXPECT_EQ(r.spiffe_id(), "spiffe://example.org/ns/shop/sa/checkout");

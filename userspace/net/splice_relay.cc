@@ -39,7 +39,7 @@ void SpliceRelay::start(Done done, Progress progress) {
   for (Direction* d : {&ab_, &ba_}) {
     int fds[2];
     if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) {
-      SM_WARN("relay") << "splice relay: " << errno_text("pipe2")
+      SM_WARN("net") << "splice relay: " << errno_text("pipe2")
                        << "; relaying this connection by copying";
       fall_back();
       return;
@@ -116,7 +116,7 @@ void SpliceRelay::pump(Direction& d, bool a_to_b) {
       return;
     }
     if (splice_refused(err) && ab_.bytes + ba_.bytes + ab_.in_pipe + ba_.in_pipe == 0) {
-      SM_WARN("relay") << "splice relay: the kernel refused splice from a TCP socket ("
+      SM_WARN("net") << "splice relay: the kernel refused splice from a TCP socket ("
                        << errno_text(err) << "); relaying this connection by copying";
       fall_back();
       return;
