@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <array>
-#include <stdexcept>
 #include <cstdio>
+#include <stdexcept>
 
 namespace sockmesh::observe {
 
@@ -351,8 +351,8 @@ Histogram::Histogram(std::vector<double> bounds)
       buckets_(std::make_unique<std::atomic<uint64_t>[]>(bounds_.size() + 1)) {}
 
 void Histogram::observe(double v) {
-  size_t i = static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) -
-                                 bounds_.begin());
+  size_t i =
+      static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
   buckets_[i].fetch_add(1, std::memory_order_relaxed);
   sum_.fetch_add(v, std::memory_order_relaxed);
   count_.fetch_add(1, std::memory_order_relaxed);
@@ -415,8 +415,8 @@ std::string Registry::render() const {
       for (const auto& [labels, h] : f.histograms) {
         for (size_t i = 0; i <= h->bounds().size(); ++i) {
           Labels with_le = labels;
-          with_le.emplace_back(
-              "le", i < h->bounds().size() ? format_double(h->bounds()[i]) : "+Inf");
+          with_le.emplace_back("le",
+                               i < h->bounds().size() ? format_double(h->bounds()[i]) : "+Inf");
           out.append(name).append("_bucket");
           append_generic_labels(&out, with_le);
           out.append(" ").append(std::to_string(h->cumulative(i))).append("\n");

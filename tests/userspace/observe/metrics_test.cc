@@ -447,8 +447,8 @@ namespace {
 
 TEST(MetricsHistogram, RendersCumulativeBucketsSumAndCount) {
   Registry r;
-  auto& h = r.histogram("test_duration_seconds", "A test histogram", {0.001, 0.1, 1},
-                        {{"kind", "x"}});
+  auto& h =
+      r.histogram("test_duration_seconds", "A test histogram", {0.001, 0.1, 1}, {{"kind", "x"}});
   h.observe(0.0005);
   h.observe(0.05);
   h.observe(3);
