@@ -89,7 +89,13 @@ Result<std::string> read_name(std::span<const uint8_t> msg, size_t* offset) {
     wire_length += 1 + len;
     if (wire_length > kMaxNameLength) return Error{"DNS name is longer than 255 octets"};
     if (!name.empty()) name.push_back('.');
-    for (size_t i = 0; i < len; ++i) name.push_back(lower(static_cast<char>(msg[pos + 1 + i])));
+    for (size_t i = 0; i < len; ++i) {
+      const char c = static_cast<char>(msg[pos + 1 + i]);
+      // A dot inside a label cannot be told apart from a label boundary in the text form that
+      // names are matched in (and replies rebuilt from).
+      if (c == '.') return Error{"DNS label contains a '.'"};
+      name.push_back(lower(c));
+    }
     pos += 1 + len;
   }
 }

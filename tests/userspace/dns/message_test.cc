@@ -150,6 +150,14 @@ TEST(DnsMessage, NameOver255IsRejected) {
   EXPECT_FALSE(append_name(&out, long_name).ok());
 }
 
+TEST(DnsMessage, DotInsideALabelIsRejected) {
+  // Found by dns_message_fuzz: "a.b" as one label would read back as two.
+  std::vector<uint8_t> m{0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 3, 'a', '.', 'b', 0, 0, 1, 0, 1};
+  auto q = parse_query(m);
+  ASSERT_FALSE(q.ok());
+  EXPECT_NE(q.error().message.find("'.'"), std::string::npos);
+}
+
 TEST(DnsMessage, TruncatedQuestionIsAnError) {
   auto m = query_bytes("echo", kTypeA);
   for (size_t n = kHeaderSize; n < m.size(); ++n) {
