@@ -667,6 +667,39 @@ void Server::stop() {
   impl_->served.clear();
 }
 
+int open_dns_socket(int type, const Endpoint& at, bool transparent, uint32_t mark,
+                    std::string* error) {
+  const int family = at.ip.is_v4() ? AF_INET : AF_INET6;
+  const char* what = type == SOCK_DGRAM ? "DNS UDP socket" : "DNS TCP listener";
+  int fd = ::socket(family, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  auto fail = [&](const std::string& step) {
+    *error = std::string(what) + " on " + at.to_string() + ": " + step + ": " +
+             errno_message(errno);
+    if (fd >= 0) ::close(fd);
+    return -1;
+  };
+  if (fd < 0) return fail("socket()");
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+  if (family == AF_INET6 && ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one) != 0) {
+    return fail("IPV6_V6ONLY");
+  }
+  if (transparent) {
+    int r = family == AF_INET ? ::setsockopt(fd, SOL_IP, IP_TRANSPARENT, &one, sizeof one)
+                              : ::setsockopt(fd, SOL_IPV6, IPV6_TRANSPARENT, &one, sizeof one);
+    if (r != 0) return fail("IP_TRANSPARENT (needs CAP_NET_ADMIN)");
+  }
+  if (mark != 0 && ::setsockopt(fd, SOL_SOCKET, SO_MARK, &mark, sizeof mark) != 0) {
+    return fail("SO_MARK (needs CAP_NET_ADMIN)");
+  }
+  sockaddr_storage ss{};
+  socklen_t len = at.to_sockaddr(&ss);
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&ss), len) != 0) return fail("bind");
+  if (type == SOCK_STREAM && ::listen(fd, 1024) != 0) return fail("listen");
+  return fd;
+}
+
 std::vector<Endpoint> nameservers_from_resolv_conf(const std::string& path) {
   std::vector<Endpoint> out;
   std::ifstream in(path);

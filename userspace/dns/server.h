@@ -83,6 +83,14 @@ class Server : public std::enable_shared_from_this<Server> {
   std::shared_ptr<Impl> impl_;
 };
 
+// A socket for the DNS proxy to serve, in the calling thread's netns: SOCK_DGRAM bound at `at`,
+// or SOCK_STREAM bound and listening; SO_REUSEADDR and SO_REUSEPORT (an upgrade's second proxy
+// binds the same port while the first drains), IPV6_V6ONLY for IPv6, IP_TRANSPARENT when asked
+// (captured queries are to any address; needs CAP_NET_ADMIN) and SO_MARK when non-zero.
+// Returns the descriptor, or -1 with *error naming the step that failed.
+int open_dns_socket(int type, const Endpoint& at, bool transparent, uint32_t mark,
+                    std::string* error);
+
 // The nameservers of a resolv.conf (port 53); an empty list when none can be read.
 std::vector<Endpoint> nameservers_from_resolv_conf(const std::string& path = "/etc/resolv.conf");
 // "IP[:PORT],..." (IPv6 as [addr]:port or bare addr); nullopt with *error on a bad entry.
