@@ -673,8 +673,8 @@ int open_dns_socket(int type, const Endpoint& at, bool transparent, uint32_t mar
   const char* what = type == SOCK_DGRAM ? "DNS UDP socket" : "DNS TCP listener";
   int fd = ::socket(family, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   auto fail = [&](const std::string& step) {
-    *error = std::string(what) + " on " + at.to_string() + ": " + step + ": " +
-             errno_message(errno);
+    *error =
+        std::string(what) + " on " + at.to_string() + ": " + step + ": " + errno_message(errno);
     if (fd >= 0) ::close(fd);
     return -1;
   };

@@ -414,9 +414,9 @@ std::string ZdsClient::add(const zds::AddWorkload& add, UniqueFd netns_fd) {
       for (const auto& spec : kDnsListeners) {
         std::string error;
         Endpoint at{family == AF_INET ? IpAddress::v4(0) : IpAddress(), maps::port_of(spec.kind)};
-        UniqueFd fd(dns::open_dns_socket(spec.kind == ListenerKind::kDnsUdp ? SOCK_DGRAM
-                                                                             : SOCK_STREAM,
-                                         at, spec.transparent, mark, &error));
+        UniqueFd fd(
+            dns::open_dns_socket(spec.kind == ListenerKind::kDnsUdp ? SOCK_DGRAM : SOCK_STREAM, at,
+                                 spec.transparent, mark, &error));
         if (!fd) {
           failure = error + " in the pod";
           return;
