@@ -5,6 +5,8 @@
 #include <functional>
 #include <map>
 
+#include "dns/server.h"
+
 namespace sockmesh::app {
 namespace {
 
@@ -244,6 +246,30 @@ const std::map<std::string, std::pair<Setter, const char*>>& flags() {
                                o->proxy.kept_source_ports = {static_cast<uint16_t>(low), static_cast<uint16_t>(high)};
                                return std::nullopt;
                              }, "source ports of dials that keep the client's IP, LOW-HIGH (default 1024-32767: off clients' ephemeral ranges)"}},
+      {"dns-proxy", {[](const std::string& v, Options* o) {
+                       if (v == "on" || v == "off") {
+                         o->proxy.dns_proxy = v == "on";
+                         return std::optional<std::string>();
+                       }
+                       return parse_bool(v, &o->proxy.dns_proxy);
+                     }, "on or off: answer the mesh's names (services and their short forms, workload hostnames) and forward the rest; in-pod mode on 15053 in each pod, else on --dns-listen (default off)"}},
+      {"dns-upstream", {[](const std::string& v, Options* o) -> std::optional<std::string> {
+                          std::string error;
+                          auto u = dns::parse_upstreams(v, &error);
+                          if (!u) return error;
+                          o->proxy.dns_upstreams = std::move(*u);
+                          return std::nullopt;
+                        }, "IP[:PORT],... resolvers the DNS proxy forwards to (default: the nameservers of /etc/resolv.conf)"}},
+      {"dns-listen", {[](const std::string& v, Options* o) -> std::optional<std::string> {
+                        std::optional<Endpoint> e;
+                        if (auto err = parse_endpoint(v, &e)) return err;
+                        if (!e) return std::string("an address is required");
+                        o->proxy.dns_listen = *e;
+                        return std::nullopt;
+                      }, "where the DNS proxy listens (UDP and TCP) outside in-pod mode (default 127.0.0.1:15053)"}},
+      {"dns-upstream-timeout", {[](const std::string& v, Options* o) {
+                                  return parse_duration(v, &o->proxy.dns_upstream_timeout);
+                                }, "how long an upstream resolver may take before the client gets SERVFAIL (default 5s, as ztunnel)"}},
       {"zds-socket", {text(&proxy::ProxyConfig::zds_socket), "in-pod mode: connect to the node agent's ZDS socket here and take pods from it (Istio's: /var/run/ztunnel/ztunnel.sock; default off)"}},
       {"bpf-pin-root", {[](const std::string& v, Options* o) -> std::optional<std::string> {
                           o->proxy.bpf_pin_root = v == "off" || v == "none" ? "" : v;
@@ -296,6 +322,8 @@ const std::map<std::string, std::string>& ztunnel_env() {
       {"node", "NODE_NAME"},              {"pod-name", "POD_NAME"},
       {"pod-namespace", "POD_NAMESPACE"}, {"instance-ip", "INSTANCE_IP"},
       {"config", "LOCAL_XDS_PATH"},
+      // ztunnel reads DNS_CAPTURE from its proxy metadata, i.e. ISTIO_META_DNS_CAPTURE.
+      {"dns-proxy", "ISTIO_META_DNS_CAPTURE"},
   };
   return e;
 }

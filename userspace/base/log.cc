@@ -73,9 +73,9 @@ const std::vector<std::string_view>& known_scopes() {
   // Every scope literal in userspace/, loader/ and cni/ (tests/userspace/base/log_test.cc checks
   // the tree against this list), plus "tls" for the TLS layer.
   static const std::vector<std::string_view> scopes = {
-      "access", "admin",  "agent",  "config", "h2",   "identity", "inbound",  "install",
-      "kube",   "libbpf", "loader", "main",   "maps", "net",      "outbound", "policy",
-      "pool",   "proxy",  "rbac",   "socks5", "tls",  "xds",      "zds"};
+      "access",  "admin", "agent",  "config", "dns",    "h2",   "identity", "inbound",
+      "install", "kube",  "libbpf", "loader", "main",   "maps", "net",      "outbound",
+      "policy",  "pool",  "proxy",  "rbac",   "socks5", "tls",  "xds",      "zds"};
   return scopes;
 }
 

@@ -429,6 +429,7 @@ state::Workload Parser::workload(const Val& v) {
   if (auto f = r.get("workloadName"); f && !str(*f).empty()) w.workload_name = str(*f);
   if (auto f = r.get("canonicalName")) w.canonical_name = str(*f);
   if (auto f = r.get("canonicalRevision")) w.canonical_revision = str(*f);
+  if (auto f = r.get("hostname")) w.hostname = str(*f);
   if (auto f = r.get("protocol")) {
     w.protocol = choice<state::Protocol>(
         *f, {{"HBONE", state::Protocol::kHbone}, {"TCP", state::Protocol::kTcp}});

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <stdexcept>
 
 namespace sockmesh::observe {
@@ -345,6 +346,53 @@ Gauge& Registry::gauge(std::string_view name, std::string_view help, const Label
   return *slot;
 }
 
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)),
+      buckets_(std::make_unique<std::atomic<uint64_t>[]>(bounds_.size() + 1)) {}
+
+void Histogram::observe(double v) {
+  size_t i =
+      static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
+  buckets_[i].fetch_add(1, std::memory_order_relaxed);
+  sum_.fetch_add(v, std::memory_order_relaxed);
+  count_.fetch_add(1, std::memory_order_relaxed);
+}
+
+uint64_t Histogram::cumulative(size_t i) const {
+  uint64_t n = 0;
+  for (size_t b = 0; b <= i && b <= bounds_.size(); ++b) {
+    n += buckets_[b].load(std::memory_order_relaxed);
+  }
+  return n;
+}
+
+Histogram& Registry::histogram(std::string_view name, std::string_view help,
+                               const std::vector<double>& bounds, const Labels& labels) {
+  Labels key = canonical_labels(labels);
+  for (const auto& [label, _] : key) {
+    if (label == "le") throw std::invalid_argument("histogram label 'le' is reserved");
+  }
+  if (!std::is_sorted(bounds.begin(), bounds.end())) {
+    throw std::invalid_argument("histogram bounds are not ascending: " + std::string(name));
+  }
+  std::lock_guard lock(mu_);
+  Family& f = family_locked(name, help, Kind::kHistogram, key);
+  if (f.bounds.empty()) f.bounds = bounds;
+  auto& slot = f.histograms[std::move(key)];
+  if (!slot) {
+    slot = std::make_unique<Histogram>(f.bounds);
+  }
+  return *slot;
+}
+
+namespace {
+std::string format_double(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+}  // namespace
+
 std::string Registry::render() const {
   std::string out;
   std::vector<const detail::TcpSeries*> tcp = tcp_->all();
@@ -359,8 +407,28 @@ std::string Registry::render() const {
   }
   std::lock_guard lock(mu_);
   for (const auto& [name, f] : families_) {
-    append_header(&out, name, f.help, f.kind == Kind::kCounter ? "counter" : "gauge");
-    if (f.kind == Kind::kCounter) {
+    append_header(&out, name, f.help,
+                  f.kind == Kind::kCounter ? "counter"
+                  : f.kind == Kind::kGauge ? "gauge"
+                                           : "histogram");
+    if (f.kind == Kind::kHistogram) {
+      for (const auto& [labels, h] : f.histograms) {
+        for (size_t i = 0; i <= h->bounds().size(); ++i) {
+          Labels with_le = labels;
+          with_le.emplace_back("le",
+                               i < h->bounds().size() ? format_double(h->bounds()[i]) : "+Inf");
+          out.append(name).append("_bucket");
+          append_generic_labels(&out, with_le);
+          out.append(" ").append(std::to_string(h->cumulative(i))).append("\n");
+        }
+        out.append(name).append("_sum");
+        append_generic_labels(&out, labels);
+        out.append(" ").append(format_double(h->sum())).append("\n");
+        out.append(name).append("_count");
+        append_generic_labels(&out, labels);
+        out.append(" ").append(std::to_string(h->count())).append("\n");
+      }
+    } else if (f.kind == Kind::kCounter) {
       for (const auto& [labels, c] : f.counters) {
         out.append(name);
         append_generic_labels(&out, labels);

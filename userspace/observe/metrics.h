@@ -42,6 +42,25 @@ class Gauge {
   std::atomic<int64_t> value_{0};
 };
 
+// A Prometheus histogram: cumulative buckets by upper bound (plus +Inf), sum and count. observe()
+// is lock-free; a scrape may see a bucket and the count of slightly different moments.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);  // ascending upper bounds, +Inf implied
+  void observe(double v);
+  const std::vector<double>& bounds() const { return bounds_; }
+  // Observations <= bounds()[i] (cumulative); i == bounds().size() is +Inf, i.e. count().
+  uint64_t cumulative(size_t i) const;
+  uint64_t count() const { return count_.load(std::memory_order_relaxed); }
+  double sum() const { return sum_.load(std::memory_order_relaxed); }
+
+ private:
+  std::vector<double> bounds_;
+  std::unique_ptr<std::atomic<uint64_t>[]> buckets_;  // non-cumulative, bounds_.size() + 1
+  std::atomic<uint64_t> count_{0};
+  std::atomic<double> sum_{0};
+};
+
 // Label name/value pairs of a generic metric. Order does not matter (series are keyed and
 // rendered sorted by name).
 using Labels = std::vector<std::pair<std::string, std::string>>;
@@ -196,6 +215,10 @@ class Registry {
   // std::invalid_argument, as do invalid names.
   Counter& counter(std::string_view name, std::string_view help, const Labels& labels = {});
   Gauge& gauge(std::string_view name, std::string_view help, const Labels& labels = {});
+  // As counter(); `bounds` are kept from the first registration of a name. Labels may not
+  // include "le".
+  Histogram& histogram(std::string_view name, std::string_view help,
+                       const std::vector<double>& bounds, const Labels& labels = {});
 
   // Values of one TCP series (all zero if it does not exist); for tests and diagnostics.
   struct TcpValues {
@@ -209,13 +232,15 @@ class Registry {
   std::string render() const;
 
  private:
-  enum class Kind { kCounter, kGauge };
+  enum class Kind { kCounter, kGauge, kHistogram };
   struct Family {
     Kind kind;
     std::string help;
     std::vector<std::string> label_names;  // sorted
     std::map<Labels, std::unique_ptr<Counter>> counters;
     std::map<Labels, std::unique_ptr<Gauge>> gauges;
+    std::map<Labels, std::unique_ptr<Histogram>> histograms;
+    std::vector<double> bounds;  // histograms only
   };
   Family& family_locked(std::string_view name, std::string_view help, Kind kind,
                         const Labels& sorted_labels);

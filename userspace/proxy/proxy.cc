@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
+#include <cerrno>
+#include <cstring>
 #include <future>
 #include <set>
 
@@ -191,6 +193,37 @@ std::optional<std::string> Proxy::adopt_listeners(const std::string& pod_uid,
   on_control([&] {
     close_pod_listeners(pod_uid);
     for (auto& a : listeners) {
+      if (a.role == "dns_udp" || a.role == "dns_tcp") {
+        if (!dns_) {
+          err = "pod " + pod_uid + ": a DNS socket, but the DNS proxy is off";
+          break;
+        }
+        dns::Binding b;
+        b.tag = pod_uid;
+        // Upstream queries (and transparent reply sockets) for the pod leave from its netns.
+        b.open_socket = [netns = a.netns](int family, int type, std::string* error) {
+          int fd = -1;
+          int saved = 0;
+          auto e = net::run_in(netns.get(), [&] {
+            fd = ::socket(family, type | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+            saved = errno;
+          });
+          if (e) {
+            *error = "entering the pod's netns: " + *e;
+          } else if (fd < 0) {
+            *error = std::string("socket() in the pod's netns: ") + std::strerror(saved);
+          }
+          return fd;
+        };
+        int fd = std::exchange(a.fd, -1);
+        auto s = a.role == "dns_udp" ? dns_->serve_udp(fd, std::move(b))
+                                     : dns_->serve_tcp(fd, std::move(b));
+        if (!s) {
+          err = "pod " + pod_uid + ": " + s.error().message;
+          break;
+        }
+        continue;
+      }
       auto handler = handler_for(a.role);
       sockaddr_storage ss{};
       socklen_t len = sizeof ss;
@@ -227,6 +260,7 @@ void Proxy::release_listeners(const std::string& pod_uid) {
 }
 
 void Proxy::close_pod_listeners(const std::string& pod_uid) {
+  if (dns_) dns_->close_tag(pod_uid);
   std::string prefix = pod_key_prefix(pod_uid);
   std::vector<std::unique_ptr<Listener>> closing;
   for (auto it = listeners_.lower_bound(prefix);
@@ -289,6 +323,7 @@ std::optional<std::string> Proxy::start() {
                  handler_for("inbound_plaintext"));
     }
     if (!err && c.hbone_listen) err = open("hbone", *c.hbone_listen, plain, handler_for("hbone"));
+    if (!err && c.dns_proxy) err = start_dns();
     // In-pod mode: HBONE listeners come with the pods (ZDS), not from the config.
     if (!err && !c.hbone_listen && c.zds_socket.empty()) reconcile_hbone_listeners();
     opened->set_value(err);
@@ -303,6 +338,33 @@ std::optional<std::string> Proxy::start() {
     recheck_policies(next);
   });
   ready_ = true;
+  return std::nullopt;
+}
+
+std::optional<std::string> Proxy::start_dns() {
+  const auto& c = ctx_.config;
+  dns::ServerOptions o;
+  o.upstreams = c.dns_upstreams.empty() ? dns::nameservers_from_resolv_conf() : c.dns_upstreams;
+  o.upstream_timeout = c.dns_upstream_timeout;
+  o.upstream_mark = c.mark;
+  if (o.upstreams.empty()) {
+    SM_WARN("dns") << "no upstream resolvers (none given and none in /etc/resolv.conf): names "
+                      "outside the mesh get SERVFAIL";
+  }
+  std::string upstreams;
+  for (const auto& u : o.upstreams) upstreams += (upstreams.empty() ? "" : ",") + u.to_string();
+  dns_ = dns::Server::create(
+      control_, std::move(o), [store = ctx_.store] { return store->get(); }, *ctx_.metrics);
+  SM_INFO("dns") << "DNS proxy on; upstreams " << (upstreams.empty() ? "none" : upstreams);
+  if (!c.zds_socket.empty()) return std::nullopt;  // the sockets come with the pods
+  // Shared mode: one UDP socket and one TCP listener at dns_listen, in the proxy's netns.
+  for (int type : {SOCK_DGRAM, SOCK_STREAM}) {
+    std::string error;
+    int fd = dns::open_dns_socket(type, c.dns_listen, false, c.mark, &error);
+    if (fd < 0) return error;
+    auto s = type == SOCK_DGRAM ? dns_->serve_udp(fd) : dns_->serve_tcp(fd);
+    if (!s) return s.error().message;
+  }
   return std::nullopt;
 }
 

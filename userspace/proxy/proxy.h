@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "dns/server.h"
 #include "net/sockets.h"
 #include "proxy/context.h"
 #include "proxy/inbound.h"
@@ -49,8 +50,10 @@ class Proxy {
   // its role: "outbound" (15001), "inbound_plaintext" (15006) or "hbone" (15008). Listeners the
   // pod had before are closed. Returns once the acceptors run, or an error.
   struct AdoptedListener {
-    std::string role;
+    std::string role;  // "outbound", "inbound_plaintext", "hbone", "dns_udp", "dns_tcp"
     int fd = -1;
+    // The pod's netns: the DNS proxy opens its upstream sockets for this pod there.
+    std::shared_ptr<const net::Netns> netns;
   };
   std::optional<std::string> adopt_listeners(const std::string& pod_uid,
                                              std::vector<AdoptedListener> listeners);
@@ -78,6 +81,8 @@ class Proxy {
   // Closes listeners taken out of listeners_ and frees them once nothing queued can reach them.
   void retire(std::vector<std::unique_ptr<Listener>> listeners);
   void reconcile_hbone_listeners();
+  // Creates the DNS server (on the control thread) and, outside in-pod mode, its sockets.
+  std::optional<std::string> start_dns();
   void recheck_policies(const state::SnapshotPtr& snap);
 
   ProxyContext ctx_;
@@ -89,6 +94,8 @@ class Proxy {
   std::unique_ptr<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> guard_;
   std::thread control_thread_;
   std::map<std::string, std::unique_ptr<Listener>> listeners_;  // key: role + address
+  // After control_: its coroutines hold the server's state, freed with control_.
+  std::shared_ptr<dns::Server> dns_;
   std::atomic<bool> ready_{false};
   std::atomic<bool> stopped_{false};
 };

@@ -86,6 +86,13 @@ struct ProxyConfig {
   // In-pod mode: the node agent hands pods over this Unix socket (ZDS) and the proxy opens its
   // 15001/15006/15008 listeners inside each pod's netns. Empty: off.
   std::string zds_socket;
+  // The DNS proxy (userspace/dns): answers the mesh's names and forwards the rest upstream. In
+  // in-pod mode each pod gets UDP and TCP sockets on 15053 (tc sends its port-53 queries there);
+  // otherwise it listens on dns_listen (UDP and TCP).
+  bool dns_proxy = false;
+  std::vector<Endpoint> dns_upstreams;  // empty: the nameservers of /etc/resolv.conf
+  Endpoint dns_listen{*IpAddress::parse("127.0.0.1"), 15053};
+  std::chrono::milliseconds dns_upstream_timeout{5000};
   // Where the loader pinned the maps: the workload map (identities of enrolled pods) and the
   // listener map (where the in-pod listeners are registered for tc).
   std::string bpf_pin_root = SM_PIN_ROOT_DEFAULT;

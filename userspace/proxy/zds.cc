@@ -17,6 +17,7 @@
 
 #include "base/errno_text.h"
 #include "base/log.h"
+#include "dns/server.h"
 #include "proxy/proxy.h"
 
 namespace sockmesh::proxy {
@@ -37,6 +38,13 @@ constexpr ListenerSpec kListeners[] = {
     {"outbound", ListenerKind::kOutbound, true},
     {"inbound_plaintext", ListenerKind::kInboundPlain, true},
     {"hbone", ListenerKind::kHbone, false},
+};
+
+// The DNS proxy's sockets (with --dns-proxy): tc assigns a pod's queries to port 53 of any
+// address to them, so both are transparent.
+constexpr ListenerSpec kDnsListeners[] = {
+    {"dns_udp", ListenerKind::kDnsUdp, true},
+    {"dns_tcp", ListenerKind::kDnsTcp, true},
 };
 
 struct NewListener {
@@ -381,6 +389,7 @@ std::string ZdsClient::add(const zds::AddWorkload& add, UniqueFd netns_fd) {
   zds::AddWorkload info = add;
   bool discovered = false;
   uint32_t mark = proxy_.context().config.mark;
+  const bool dns = proxy_.context().config.dns_proxy;
   std::vector<NewListener> created;
   std::optional<std::string> failure;
   auto entered = net::run_in(netns.get(), [&] {
@@ -397,6 +406,19 @@ std::string ZdsClient::add(const zds::AddWorkload& add, UniqueFd netns_fd) {
         UniqueFd fd;
         if (auto e = open_listener(spec, family, mark, &fd)) {
           failure = e;
+          return;
+        }
+        created.push_back(NewListener{&spec, family, std::move(fd)});
+      }
+      if (!dns) continue;
+      for (const auto& spec : kDnsListeners) {
+        std::string error;
+        Endpoint at{family == AF_INET ? IpAddress::v4(0) : IpAddress(), maps::port_of(spec.kind)};
+        UniqueFd fd(
+            dns::open_dns_socket(spec.kind == ListenerKind::kDnsUdp ? SOCK_DGRAM : SOCK_STREAM, at,
+                                 spec.transparent, mark, &error));
+        if (!fd) {
+          failure = error + " in the pod";
           return;
         }
         created.push_back(NewListener{&spec, family, std::move(fd)});
@@ -425,14 +447,15 @@ std::string ZdsClient::add(const zds::AddWorkload& add, UniqueFd netns_fd) {
   auto& ctx = proxy_.context();
   for (const auto& ip : info.ips) ctx.pod_netns.set(ip, netns);
   std::vector<Proxy::AdoptedListener> adopted;
-  for (auto& l : created) adopted.push_back({l.spec->role, l.fd.release()});
+  for (auto& l : created) adopted.push_back({l.spec->role, l.fd.release(), netns});
   if (auto e = proxy_.adopt_listeners(add.uid, std::move(adopted))) {
     for (const auto& ip : info.ips) ctx.pod_netns.erase(ip, netns.get());
     return *e;
   }
   SM_INFO("zds") << "pod " << add.uid << " (" << add.info.namespace_name << "/" << add.info.name
                  << ", sa " << add.info.service_account << ") in " << netns->to_string()
-                 << ": listeners open on 15001, 15006, 15008; "
+                 << ": listeners open on 15001, 15006, 15008"
+                 << (dns ? ", DNS on 15053 (udp, tcp); " : "; ")
                  << (map != nullptr ? "registered for " + ips_text(info.ips) : "not registered")
                  << (discovered ? " (addresses read from the pod's interfaces)" : "");
   pods_[add.uid] = std::move(pod);

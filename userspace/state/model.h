@@ -26,6 +26,7 @@ struct Workload {
   std::string canonical_revision;  // version label
   std::string cluster_id = "Kubernetes";
   std::string network;
+  std::string hostname;  // DNS name answered with `ips` (the DNS proxy); may be empty
   std::vector<IpAddress> ips;
   Protocol protocol = Protocol::kTcp;
   // "namespace/hostname" -> {service port -> target port}

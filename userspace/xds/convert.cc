@@ -93,6 +93,7 @@ state::Workload Converter::workload(const istio::workload::Workload& in) {
   w.workload_name = in.workload_name().empty() ? in.name() : in.workload_name();
   w.canonical_name = in.canonical_name();
   w.canonical_revision = in.canonical_revision();
+  w.hostname = in.hostname();
   switch (in.tunnel_protocol()) {
     case istio::workload::NONE:
       w.protocol = state::Protocol::kTcp;

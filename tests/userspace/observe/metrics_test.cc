@@ -441,3 +441,31 @@ TEST(Metrics, DefaultRegistryIsShared) { EXPECT_EQ(&default_registry(), &default
 
 }  // namespace
 }  // namespace sockmesh::observe
+
+namespace sockmesh::observe {
+namespace {
+
+TEST(MetricsHistogram, RendersCumulativeBucketsSumAndCount) {
+  Registry r;
+  auto& h =
+      r.histogram("test_duration_seconds", "A test histogram", {0.001, 0.1, 1}, {{"kind", "x"}});
+  h.observe(0.0005);
+  h.observe(0.05);
+  h.observe(3);
+  std::string text = r.render();
+  EXPECT_NE(text.find("# TYPE test_duration_seconds histogram"), std::string::npos) << text;
+  EXPECT_NE(text.find("test_duration_seconds_bucket{kind=\"x\",le=\"0.001\"} 1\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("test_duration_seconds_bucket{kind=\"x\",le=\"0.1\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("test_duration_seconds_bucket{kind=\"x\",le=\"+Inf\"} 3\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("test_duration_seconds_count{kind=\"x\"} 3\n"), std::string::npos);
+  EXPECT_NE(text.find("test_duration_seconds_sum{kind=\"x\"} 3.0505"), std::string::npos);
+  EXPECT_THROW(r.counter("test_duration_seconds", "", {{"kind", "x"}}), std::invalid_argument);
+  EXPECT_THROW(r.histogram("other_seconds", "", {1}, {{"le", "1"}}), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace sockmesh::observe
