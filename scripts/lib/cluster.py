@@ -416,7 +416,7 @@ class Node:
                 "--admin", "127.0.0.1:15000", "--metrics", "0.0.0.0:15020",
                 "--readiness", "0.0.0.0:15021", "--workers", "2",
                 "--drain-timeout-ms", str(c.drain_timeout_ms),
-                "--connect-timeout-ms", "3000", "--log-level", "info"]
+                "--connect-timeout-ms", "3000", "--log-level", "info"] + c.proxy_extra
         self.proxy = Process("proxy", argv, netns=self.netns_path, cgroup=self.proxy_cgroup,
                              log_path=self.proxy_log_path(), tie_to_parent=not c.keep)
         if wait:
@@ -548,7 +548,7 @@ class Cluster:
         return binary(name, self.build)
 
     def __init__(self, nodes=("node-a", "node-b"), bypass=True, keep=False, drain_timeout_ms=3000,
-                 log=None, work=None, build=None, runtime=None, xds=False):
+                 log=None, work=None, build=None, runtime=None, xds=False, proxy_extra=()):
         # runtime: something that runs each node's agent, proxy and CNI installer in place of the
         # binaries (tests/deploy/test_manifest_runs.py: the chart's containers under podman).
         self.runtime = runtime
@@ -558,6 +558,7 @@ class Cluster:
         # changes the mesh the same way in both modes. It runs in the first node's netns.
         self.xds = xds
         self.istiod = None
+        self.proxy_extra = list(proxy_extra)  # more sockmesh-proxy flags, on every node
         _counter[0] += 1
         self.build = build  # the build directory whose binaries it runs (None: build_dir())
         self.id = "%s-%d-%d" % (PREFIX, os.getpid(), _counter[0])

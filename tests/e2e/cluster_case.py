@@ -42,10 +42,12 @@ class ClusterCase(unittest.TestCase):
 
     drain_timeout_ms = 3000
     xds = False  # True: the proxies' mesh and certificates come from the fake istiod
+    proxy_extra = ()  # more sockmesh-proxy flags
 
     def setUp(self):
         self.t0 = time.monotonic()
-        self.cluster = cluster.Cluster(drain_timeout_ms=self.drain_timeout_ms, xds=self.xds)
+        self.cluster = cluster.Cluster(drain_timeout_ms=self.drain_timeout_ms, xds=self.xds,
+                                       proxy_extra=self.proxy_extra)
         self.addCleanup(self.cluster.close)
         self.addCleanup(self.dump_logs_on_failure)
         self.cluster.up()

@@ -29,9 +29,10 @@ def answer(wire, transport, peer):
     except Exception as e:  # a malformed query: logged, not answered
         print("%s malformed from %s: %s" % (transport, peer, e), flush=True)
         return None
-    question = q.question[0] if q.question else None
-    name = question.name.to_text().lower() if question else ""
-    rdtype = question.rdtype if question else dns.rdatatype.A
+    # (An RRset of a question holds no records, so it is falsy: test the list, not the RRset.)
+    question = q.question[0] if len(q.question) > 0 else None
+    name = question.name.to_text().lower() if question is not None else ""
+    rdtype = question.rdtype if question is not None else dns.rdatatype.A
     print("%s %s %s from %s" % (transport, name, dns.rdatatype.to_text(rdtype), peer), flush=True)
     if name == "slow.example.":
         return None
