@@ -130,6 +130,15 @@ def demo(keep, containers=False, xds=False):
 
         step("2/8 pods through the CNI chain; shop is labelled istio.io/dataplane-mode=ambient")
         pods = C.demo_topology(c)
+        if xds:
+            for n in c.nodes:
+                for cert in n.config_dump()["certificates"]:
+                    if cert.get("state") != "Available":
+                        continue
+                    leaf = cert["certChain"][0]
+                    say("%s: certificate for %s from %s, serial %s, expires %s" % (
+                        n.name, cert["identity"], n.config_dump()["certificateIssuer"],
+                        leaf["serialNumber"][:16], leaf["expirationTime"]))
         client, echo_a, echo_b = pods["client"], pods["echo-a"], pods["echo-b"]
         legacy_a, legacy_b = pods["legacy-a"], pods["legacy-b"]
         for n in c.nodes:
