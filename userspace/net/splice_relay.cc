@@ -40,7 +40,7 @@ void SpliceRelay::start(Done done, Progress progress) {
     int fds[2];
     if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) {
       SM_WARN("net") << "splice relay: " << errno_text("pipe2")
-                       << "; relaying this connection by copying";
+                     << "; relaying this connection by copying";
       fall_back();
       return;
     }
@@ -53,6 +53,19 @@ void SpliceRelay::start(Done done, Progress progress) {
   b_.non_blocking(true, ec);
   pump(ab_, true);
   pump(ba_, false);
+}
+
+void SpliceRelay::pump_when(Tcp::socket& socket, Tcp::socket::wait_type what, Direction& d,
+                            bool a_to_b) {
+  socket.async_wait(what,
+                    [self = shared_from_this(), &d, a_to_b](const boost::system::error_code& e) {
+                      if (self->finished_) return;
+                      if (e) {
+                        self->fail("wait: " + e.message());
+                        return;
+                      }
+                      self->pump(d, a_to_b);
+                    });
 }
 
 void SpliceRelay::pump(Direction& d, bool a_to_b) {
@@ -76,15 +89,7 @@ void SpliceRelay::pump(Direction& d, bool a_to_b) {
       }
       // The destination is not taking bytes: `from` is not read until it took these (TCP's
       // window then pushes back on the sender, as with TcpRelay).
-      d.to->async_wait(Tcp::socket::wait_write,
-                       [self = shared_from_this(), &d, a_to_b](const boost::system::error_code& e) {
-                         if (self->finished_) return;
-                         if (e) {
-                           self->fail("wait: " + e.message());
-                           return;
-                         }
-                         self->pump(d, a_to_b);
-                       });
+      pump_when(*d.to, Tcp::socket::wait_write, d, a_to_b);
       return;
     }
     if (d.eof) {
@@ -104,20 +109,12 @@ void SpliceRelay::pump(Direction& d, bool a_to_b) {
     int err = errno;
     if (err == EINTR) continue;
     if (would_block(err)) {
-      d.from->async_wait(Tcp::socket::wait_read, [self = shared_from_this(), &d,
-                                                  a_to_b](const boost::system::error_code& e) {
-        if (self->finished_) return;
-        if (e) {
-          self->fail("wait: " + e.message());
-          return;
-        }
-        self->pump(d, a_to_b);
-      });
+      pump_when(*d.from, Tcp::socket::wait_read, d, a_to_b);
       return;
     }
     if (splice_refused(err) && ab_.bytes + ba_.bytes + ab_.in_pipe + ba_.in_pipe == 0) {
       SM_WARN("net") << "splice relay: the kernel refused splice from a TCP socket ("
-                       << errno_text(err) << "); relaying this connection by copying";
+                     << errno_text(err) << "); relaying this connection by copying";
       fall_back();
       return;
     }

@@ -49,6 +49,8 @@ class SpliceRelay : public std::enable_shared_from_this<SpliceRelay> {
     bool done = false;
   };
   void pump(Direction& d, bool a_to_b);
+  // pump(d) again once `socket` is ready for `what`; a failed wait fails the relay.
+  void pump_when(Tcp::socket& socket, Tcp::socket::wait_type what, Direction& d, bool a_to_b);
   void finish_direction(Direction& d);
   void fall_back();
   void fail(const std::string& error);
