@@ -151,13 +151,7 @@ class StackPinningTest : public ::testing::Test {
     ASSERT_TRUE(proxy_end.valid());
   }
 
-  uint64_t counter(sm_counter c) {
-    auto reader = maps::CounterReader::open(install_.root());
-    EXPECT_TRUE(reader);
-    auto values = reader->read();
-    EXPECT_TRUE(values);
-    return values ? (*values)[c] : 0;
-  }
+  uint64_t counter(sm_counter c) { return testing::datapath_counter(install_.root(), c); }
 
   // The sockops program forgets a pinned flow when the app's socket closes.
   bool forgotten_within(const maps::FlowKey& app, int timeout_ms) {

@@ -61,13 +61,7 @@ class CaptureFlowTest : public ::testing::TestWithParam<int> {
     ASSERT_TRUE(report) << report.error().message;
   }
 
-  uint64_t counter(sm_counter c) {
-    auto reader = maps::CounterReader::open(install_.root());
-    EXPECT_TRUE(reader);
-    auto values = reader->read();
-    EXPECT_TRUE(values);
-    return values ? (*values)[c] : 0;
-  }
+  uint64_t counter(sm_counter c) { return testing::datapath_counter(install_.root(), c); }
 
   testing::TestCgroup cgroup_;
   testing::TestInstall install_{cgroup_.path()};

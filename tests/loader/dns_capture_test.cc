@@ -229,13 +229,7 @@ class DnsCaptureTest : public ::testing::TestWithParam<int> {
     send_with_pktinfo(reply.get(), payload, client, orig_dst.ip);
   }
 
-  uint64_t counter(sm_counter c) {
-    auto reader = maps::CounterReader::open(install_.root());
-    EXPECT_TRUE(reader);
-    auto values = reader->read();
-    EXPECT_TRUE(values);
-    return values ? (*values)[c] : 0;
-  }
+  uint64_t counter(sm_counter c) { return testing::datapath_counter(install_.root(), c); }
 
   // A query from the pod to the peer's port 53 reaches a server there: it was not captured.
   void expect_query_leaves_the_pod(uint32_t client_mark, const char* why) {

@@ -247,10 +247,7 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
       r.error = "assign: " + ec.message();
       co_return r;
     }
-    s->connect(
-        Udp::endpoint(asio::ip::make_address(up.ip.is_v4() ? up.ip.to_string() : up.ip.to_string()),
-                      up.port),
-        ec);
+    s->connect(Udp::endpoint(asio::ip::make_address(up.ip.to_string()), up.port), ec);
     if (!ec) s->send(asio::buffer(query), 0, ec);
     if (ec) {
       r.error = "send: " + ec.message();

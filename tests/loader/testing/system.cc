@@ -18,6 +18,7 @@
 
 #include "base/log.h"
 #include "loader/attach/bpffs.h"
+#include "loader/maps/counters.h"
 #include "testing/privileged.h"
 
 namespace sockmesh::testing {
@@ -201,6 +202,15 @@ void PrivilegedEnvironment::SetUp() {
   require_root();
   sweep_leftovers();
   log::set_level(log::Level::kWarn);
+}
+
+uint64_t datapath_counter(const std::string& pin_root, uint32_t counter) {
+  auto reader = maps::CounterReader::open(pin_root);
+  EXPECT_TRUE(reader) << (reader ? "" : reader.error().message);
+  if (!reader) return 0;
+  auto values = reader->read();
+  EXPECT_TRUE(values) << (values ? "" : values.error().message);
+  return values ? (*values)[counter] : 0;
 }
 
 }  // namespace sockmesh::testing

@@ -106,4 +106,8 @@ class TestInstall {
   loader::InstallReport report_;
 };
 
+// The summed value of one kernel counter of the datapath installed at pin_root; 0 (with a test
+// failure recorded) when it cannot be read.
+uint64_t datapath_counter(const std::string& pin_root, uint32_t counter);
+
 }  // namespace sockmesh::testing
