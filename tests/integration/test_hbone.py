@@ -127,6 +127,28 @@ class PolicyTest(MeshTest):
             what="DENY counted on B")
         self.assertIn("denied by policy", self.mesh.b.logs())
 
+    def test_dry_run_deny_is_logged_and_not_enforced(self):
+        self.mesh.set_policies(DENY_CLIENT + "  dryRun: true\n")
+        wait_until(lambda: len(self.mesh.b.config_dump()["policies"]) == 1, what="policy loaded")
+        dumped = self.mesh.b.config_dump()["policies"][0]
+        self.assertEqual((dumped["name"], dumped["dryRun"]), ("deny-client", True))
+        s, rep = self.mesh.connect()
+        self.assertEqual(rep, 0, "a dry-run Deny must not refuse the connection")
+        self.whoami(s)
+        s.sendall(b"still here")
+        self.assertEqual(harness.recv_exact(s, 10), b"still here")
+        s.close()
+        wait_until(lambda: "dry run would deny: denied by policy default/deny-client "
+                   "(enforced: allow)" in self.mesh.b.logs(), what="the dry-run verdict logged")
+        self.assertEqual(self.mesh.b.metric_sum("istio_tcp_connections_closed_total",
+                                                response_flags="DENY"), 0)
+        # The same policy enforced now refuses: the dry run predicted it.
+        self.mesh.set_policies(DENY_CLIENT)
+        wait_until(lambda: not self.mesh.b.config_dump()["policies"][0]["dryRun"],
+                   what="the enforced policy loaded")
+        s, rep = self.mesh.connect()
+        self.assertEqual(rep, 2)
+
     def test_policy_change_closes_live_connection(self):
         s, rep = self.mesh.connect()
         self.assertEqual(rep, 0)
@@ -205,6 +227,13 @@ class AdminTest(MeshTest):
         self.assertEqual(refused.exception.code, 400)
         self.assertIn("nothing was changed", refused.exception.read().decode())
         self.assertIn("access=warn", http_get(base)[1], "a refused request changed a level")
+
+    def test_config_dump_lists_service_endpoints_as_ztunnel_does(self):
+        services = self.mesh.a.config_dump()["services"]
+        self.assertEqual([s["hostname"] for s in services], ["server.default.svc.cluster.local"])
+        self.assertEqual(services[0]["endpoints"], {
+            "s1": {"workloadUid": "s1", "service": "default/server.default.svc.cluster.local",
+                   "port": {"80": 8080}, "status": "Healthy"}})
 
 
 class DrainTest(MeshTest):

@@ -95,11 +95,23 @@ std::string config_dump_json(const AdminSources& s) {
     for (const auto& v : svc.vips) vips.push_back(v.network + "/" + v.ip.to_string());
     json ports = json::object();
     for (auto [from, to] : svc.ports) ports[std::to_string(from)] = to;
+    // ztunnel's shape: the service's endpoints by workload uid, each with its port map (service
+    // port -> the workload's target port, as the workload's entry for this service names it).
+    json endpoints = json::object();
+    for (const state::Workload* w : snap->endpoints_of(svc)) {
+      json port = json::object();
+      if (auto it = w->services.find(svc.key()); it != w->services.end()) {
+        for (auto [from, to] : it->second) port[std::to_string(from)] = to;
+      }
+      endpoints[w->uid] = {
+          {"workloadUid", w->uid}, {"service", svc.key()}, {"port", port}, {"status", "Healthy"}};
+    }
     services.push_back({{"name", svc.name},
                         {"namespace", svc.namespace_name},
                         {"hostname", svc.hostname},
                         {"vips", vips},
                         {"ports", ports},
+                        {"endpoints", endpoints},
                         {"subjectAltNames", svc.subject_alt_names}});
   }
   out["services"] = services;
@@ -122,7 +134,8 @@ std::string config_dump_json(const AdminSources& s) {
                         {"namespace", p.namespace_name},
                         {"scope", scope},
                         {"action", p.action == state::PolicyAction::kAllow ? "Allow" : "Deny"},
-                        {"rules", rules}});
+                        {"rules", rules},
+                        {"dryRun", p.dry_run}});
   }
   out["policies"] = policies;
   if (s.xds != nullptr) {

@@ -195,7 +195,7 @@ class Parser {
 
   state::Workload workload(const Val& v);
   state::Service service(const Val& v);
-  std::optional<state::Policy> policy(const Val& v);
+  state::Policy policy(const Val& v);
   state::PolicyMatch match(const Val& v) const;
   std::string string_match(const Val& v, bool principal) const;
   std::string service_account_match(const Val& v) const;
@@ -641,7 +641,7 @@ state::PolicyMatch Parser::match(const Val& v) const {
   return m;
 }
 
-std::optional<state::Policy> Parser::policy(const Val& v) {
+state::Policy Parser::policy(const Val& v) {
   Record r(*this, v, {"name", "namespace", "scope", "action", "rules", "dryRun"});
   if (v.node.IsNull()) fail(v, "expected a mapping");
   state::Policy p;
@@ -667,13 +667,7 @@ std::optional<state::Policy> Parser::policy(const Val& v) {
     });
     p.rules.push_back(std::move(rule));
   });
-  bool dry_run = false;
-  if (auto f = r.get("dryRun")) dry_run = boolean(*f);
-  if (dry_run) {
-    // A dry-run policy never changes a decision; sockmesh has no shadow evaluation to feed.
-    SM_WARN("config") << file_ << ": policy " << p.key() << " has dryRun: true; not enforced";
-    return std::nullopt;
-  }
+  if (auto f = r.get("dryRun")) p.dry_run = boolean(*f);
   return p;
 }
 
@@ -715,9 +709,7 @@ state::SnapshotPtr Parser::run(std::string_view text) {
       each_item(*f, [&](const Val& item) { services.push_back(service(item)); });
     }
     if (auto f = r.get("policies")) {
-      each_item(*f, [&](const Val& item) {
-        if (auto p = policy(item)) policies.push_back(std::move(*p));
-      });
+      each_item(*f, [&](const Val& item) { policies.push_back(policy(item)); });
     }
     if (auto f = r.get("namespaces")) {
       each_item(*f, [&](const Val& item) { namespaces.push_back(namespace_entry(item)); });

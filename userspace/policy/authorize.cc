@@ -139,10 +139,14 @@ bool policy_matches(const state::Policy& policy, const ConnectionFacts& facts) {
   });
 }
 
-Verdict authorize(const std::vector<const state::Policy*>& applicable,
-                  const ConnectionFacts& facts) {
+namespace {
+
+// Istio's four steps over the policies of `applicable` whose dry_run equals `dry_run`.
+Verdict decide_over(const std::vector<const state::Policy*>& applicable, bool dry_run,
+                    const ConnectionFacts& facts) {
   bool any_allow = false;
   for (const state::Policy* p : applicable) {
+    if (p->dry_run != dry_run) continue;
     if (p->action == state::PolicyAction::kAllow) {
       any_allow = true;
     } else if (policy_matches(*p, facts)) {
@@ -153,11 +157,32 @@ Verdict authorize(const std::vector<const state::Policy*>& applicable,
     return decide(true, nullptr, "no allow policies");
   }
   for (const state::Policy* p : applicable) {
-    if (p->action == state::PolicyAction::kAllow && policy_matches(*p, facts)) {
+    if (p->dry_run == dry_run && p->action == state::PolicyAction::kAllow &&
+        policy_matches(*p, facts)) {
       return decide(true, p, "allowed by policy");
     }
   }
   return decide(false, nullptr, "allow policies exist, but none matched");
+}
+
+}  // namespace
+
+Verdict authorize(const std::vector<const state::Policy*>& applicable,
+                  const ConnectionFacts& facts) {
+  Verdict v = decide_over(applicable, /*dry_run=*/false, facts);
+  bool any_dry_run = std::any_of(applicable.begin(), applicable.end(),
+                                 [](const state::Policy* p) { return p->dry_run; });
+  if (any_dry_run) {
+    Verdict shadow = decide_over(applicable, /*dry_run=*/true, facts);
+    v.dry_run = Verdict::DryRun{shadow.allowed, std::move(shadow.policy), std::move(shadow.reason)};
+  }
+  return v;
+}
+
+std::string dry_run_summary(const Verdict& verdict) {
+  if (!verdict.dry_run) return "";
+  return std::string("dry run would ") + (verdict.dry_run->allowed ? "allow" : "deny") + ": " +
+         verdict.dry_run->reason + " (enforced: " + (verdict.allowed ? "allow" : "deny") + ")";
 }
 
 Verdict authorize(const state::Snapshot& snapshot, const state::Workload& destination,

@@ -38,7 +38,11 @@
 //     security/v1beta1/authorization_policy.proto, Source.service_accounts). No wildcards.
 //   - IP ranges only contain addresses of their own family (ipnet semantics: "::/0" does not
 //     contain IPv4 addresses).
-//   - Dry-run policies are not modelled by state::Policy and are not supported here.
+//   - Dry-run policies (state::Policy::dry_run) never take part in the decision. Those that apply
+//     are evaluated on their own, by the same four steps over the dry-run policies only, and the
+//     result is reported in Verdict::dry_run, which callers log. That is the shadow evaluation
+//     Istio gives them (a separate engine of the dry-run rules); an operator reads what the
+//     policies would do before enforcing them.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -73,15 +77,27 @@ struct Verdict {
   std::string policy;
   // Short, single-line text for logs and for an HTTP status reason.
   std::string reason;
+  // What the dry-run policies that apply would decide on their own; empty when none applies.
+  struct DryRun {
+    bool allowed = true;
+    std::string policy;  // the deciding dry-run policy's key, or empty
+    std::string reason;
+  };
+  std::optional<DryRun> dry_run;
 };
 
 // Istio L4 decision for a connection to `destination` under the policies in `snapshot`.
 Verdict authorize(const state::Snapshot& snapshot, const state::Workload& destination,
                   const ConnectionFacts& facts);
 
-// The same decision over an explicit list of applicable policies (what policies_for() returns).
+// The same decision over an explicit list of applicable policies (what policies_for() returns);
+// dry-run policies in it are evaluated apart, into Verdict::dry_run.
 Verdict authorize(const std::vector<const state::Policy*>& applicable,
                   const ConnectionFacts& facts);
+
+// One line for the log when dry-run policies applied, e.g. "dry run would deny: denied by policy
+// ns/audit (enforced: allow)"; empty when none did.
+std::string dry_run_summary(const Verdict& verdict);
 
 // Re-check of a live connection after the snapshot changed: the destination workload is looked up
 // again by uid in `current` (its selector list may have changed); if it is gone, `destination` (the

@@ -18,15 +18,15 @@ using Tcp = boost::asio::ip::tcp;
 using observe::ResponseFlags;
 
 // Failure statuses of a CONNECT, each with its own meaning so that a client can tell them apart.
-constexpr int kBadRequest = 400;           // :authority is not ip:port
-constexpr int kForbidden = 403;            // authorization policy denied
-constexpr int kNotFound = 404;             // no local workload has that IP
-constexpr int kMethodNotAllowed = 405;     // not CONNECT
-constexpr int kMisdirected = 421;          // target belongs to another workload than the TLS one
-constexpr int kHeadersTooLarge = 431;      // header list over the limit
-constexpr int kServiceUnavailable = 503;   // the application refused or reset
-constexpr int kGatewayTimeout = 504;       // the application did not answer in time
-constexpr int kLoopDetected = 508;         // target is one of the proxy's own ports
+constexpr int kBadRequest = 400;          // :authority is not ip:port
+constexpr int kForbidden = 403;           // authorization policy denied
+constexpr int kNotFound = 404;            // no local workload has that IP
+constexpr int kMethodNotAllowed = 405;    // not CONNECT
+constexpr int kMisdirected = 421;         // target belongs to another workload than the TLS one
+constexpr int kHeadersTooLarge = 431;     // header list over the limit
+constexpr int kServiceUnavailable = 503;  // the application refused or reset
+constexpr int kGatewayTimeout = 504;      // the application did not answer in time
+constexpr int kLoopDetected = 508;        // target is one of the proxy's own ports
 
 // One TLS+HTTP/2 connection from a peer proxy.
 struct InboundSession {
@@ -81,8 +81,8 @@ void handle_request(ProxyContext& ctx, Worker& worker, std::shared_ptr<InboundSe
   };
 
   if (req.oversized) {
-    fail(kHeadersTooLarge, "request headers exceed " +
-                               std::to_string(ctx.config.h2.max_header_list_bytes) + " bytes",
+    fail(kHeadersTooLarge,
+         "request headers exceed " + std::to_string(ctx.config.h2.max_header_list_bytes) + " bytes",
          ResponseFlags::kConnectionFailure);
     return;
   }
@@ -119,6 +119,10 @@ void handle_request(ProxyContext& ctx, Worker& worker, std::shared_ptr<InboundSe
   auto facts = policy::ConnectionFacts::make(session->peer.ip, session->peer_identity, target->ip,
                                              target->port);
   auto verdict = policy::authorize(*snap, *dst, facts);
+  if (verdict.dry_run) {
+    SM_INFO("policy") << session->peer_identity << " (" << session->peer.to_string() << ") -> "
+                      << target->to_string() << ": " << policy::dry_run_summary(verdict);
+  }
   if (!verdict.allowed) {
     fail(kForbidden, "not authorized: " + verdict.reason,
          ResponseFlags::kAuthorizationPolicyDenied);
@@ -149,7 +153,7 @@ void handle_request(ProxyContext& ctx, Worker& worker, std::shared_ptr<InboundSe
   std::string dst_uid = dst->uid;
   dial(worker.io(), *target, dial_opts, ctx.config.connect_timeout,
        [&ctx, &worker, stream, record, facts, dst_uid, target = *target](DialResult r,
-                                                                          Tcp::socket socket) {
+                                                                         Tcp::socket socket) {
          if (stream->closed()) {
            record->finish("client went away before the target answered",
                           ResponseFlags::kConnectionFailure);
@@ -236,8 +240,7 @@ void InboundHbone::handle(Worker& worker, Tcp::socket socket) {
   session->workload_uid = wl->uid;
   auto cert = ctx_.certificate_for(wl->identity());
   if (!cert) {
-    SM_ERROR("inbound") << "no certificate for " << wl->identity() << ": "
-                        << cert.error().message;
+    SM_ERROR("inbound") << "no certificate for " << wl->identity() << ": " << cert.error().message;
     failures.inc();
     return;
   }

@@ -45,11 +45,14 @@ void InboundPlaintext::handle(Worker& worker, Tcp::socket socket) {
   }
   auto facts = policy::ConnectionFacts::make(client.ip, "", dst->ip, dst->port);
   auto verdict = policy::authorize(*snap, *wl, facts);
+  if (verdict.dry_run) {
+    SM_INFO("policy") << "plaintext " << client.to_string() << " -> " << dst->to_string() << ": "
+                      << policy::dry_run_summary(verdict);
+  }
   if (!verdict.allowed) {
     SM_INFO("inbound") << "plaintext " << client.to_string() << " -> " << dst->to_string()
                        << " denied: " << verdict.reason;
-    record->finish("not authorized: " + verdict.reason,
-                   ResponseFlags::kAuthorizationPolicyDenied);
+    record->finish("not authorized: " + verdict.reason, ResponseFlags::kAuthorizationPolicyDenied);
     net::close_with_reset(socket);
     return;
   }

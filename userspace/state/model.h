@@ -21,7 +21,7 @@ struct Workload {
   std::string service_account = "default";
   std::string trust_domain = "cluster.local";
   std::string node;
-  std::string workload_name;  // the owning Deployment etc.; defaults to name
+  std::string workload_name;       // the owning Deployment etc.; defaults to name
   std::string canonical_name;      // app label; metrics' source_canonical_service
   std::string canonical_revision;  // version label
   std::string cluster_id = "Kubernetes";
@@ -81,6 +81,8 @@ struct Policy {
   PolicyScope scope = PolicyScope::kNamespace;
   PolicyAction action = PolicyAction::kAllow;
   std::vector<PolicyRule> rules;  // ORed; an empty list matches nothing
+  // Istio's dry run: evaluated and logged, never enforced (policy::Verdict::dry_run).
+  bool dry_run = false;
 
   std::string key() const { return namespace_name + "/" + name; }
 };

@@ -59,7 +59,7 @@ class Converter {
 
   state::Workload workload(const istio::workload::Workload& in);
   state::Service service(const istio::workload::Service& in);
-  std::optional<state::Policy> policy(const istio::security::Authorization& in);
+  state::Policy policy(const istio::security::Authorization& in);
 
  private:
   state::PolicyMatch match(const std::string& field, const istio::security::Match& in);
@@ -262,7 +262,7 @@ state::PolicyMatch Converter::match(const std::string& field, const istio::secur
   return m;
 }
 
-std::optional<state::Policy> Converter::policy(const istio::security::Authorization& in) {
+state::Policy Converter::policy(const istio::security::Authorization& in) {
   state::Policy p;
   p.name = nonempty("authorization.name", in.name());
   p.namespace_name = nonempty("authorization.namespace", in.namespace_());
@@ -304,8 +304,7 @@ std::optional<state::Policy> Converter::policy(const istio::security::Authorizat
     }
     p.rules.push_back(std::move(rule));
   }
-  // A dry-run policy never changes a decision; sockmesh has no shadow evaluation to feed.
-  if (in.dry_run()) return std::nullopt;
+  p.dry_run = in.dry_run();
   return p;
 }
 
@@ -350,7 +349,7 @@ Result<Address, ConvertError> convert_address(const std::string& resource_name,
   return out;
 }
 
-Result<std::optional<state::Policy>, ConvertError> convert_authorization(
+Result<state::Policy, ConvertError> convert_authorization(
     const std::string& resource_name, const istio::security::Authorization& authorization) {
   Converter c(resource_name);
   auto p = c.policy(authorization);

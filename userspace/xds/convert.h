@@ -34,8 +34,8 @@ using Address = std::variant<state::Workload, state::Service>;
 Result<Address, ConvertError> convert_address(const std::string& resource_name,
                                               const istio::workload::Address& address);
 
-// nullopt for a dry-run policy: it is known (so a later removal finds it) but never enforced.
-Result<std::optional<state::Policy>, ConvertError> convert_authorization(
+// A dry-run policy is converted like any other, with state::Policy::dry_run set.
+Result<state::Policy, ConvertError> convert_authorization(
     const std::string& resource_name, const istio::security::Authorization& authorization);
 
 // An IP from its 4 or 16 wire bytes; nullopt for any other length.

@@ -72,7 +72,7 @@ state::SnapshotPtr XdsResources::snapshot() const {
     }
   }
   for (const auto& [_, e] : policies_) {
-    if (e.value) policies.push_back(*e.value);
+    policies.push_back(e.value);
   }
   return std::make_shared<const state::Snapshot>(std::move(workloads), std::move(services),
                                                  std::move(policies));

@@ -41,7 +41,7 @@ class XdsResources {
   };
   struct PolicyEntry {
     std::string version;
-    std::optional<state::Policy> value;  // nullopt: dry-run, held but not enforced
+    state::Policy value;
   };
   std::map<std::string, AddressEntry> addresses_;
   std::map<std::string, PolicyEntry> policies_;

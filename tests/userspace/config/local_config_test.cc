@@ -1,7 +1,7 @@
 #include "config/local_config.h"
 
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -320,14 +320,17 @@ services:
   EXPECT_EQ(snap->policies()[0].rules[0][0][0].not_destination_ports, std::vector<uint16_t>{9999});
 }
 
-TEST(LocalConfig, DropsDryRunPolicies) {
+TEST(LocalConfig, KeepsDryRunPoliciesMarked) {
   auto snap = parse_ok(R"(policies:
 - {name: shadow, namespace: default, scope: Namespace, action: Deny, rules: [], dryRun: true}
 - {name: real, namespace: default, scope: Namespace, action: Deny, rules: []}
 )");
   ASSERT_TRUE(snap);
-  ASSERT_EQ(snap->policies().size(), 1u);
-  EXPECT_EQ(snap->policies()[0].name, "real");
+  ASSERT_EQ(snap->policies().size(), 2u);
+  EXPECT_EQ(snap->policies()[0].name, "shadow");
+  EXPECT_TRUE(snap->policies()[0].dry_run);
+  EXPECT_EQ(snap->policies()[1].name, "real");
+  EXPECT_FALSE(snap->policies()[1].dry_run);
 }
 
 TEST(LocalConfig, EmptyDocumentsGiveEmptySnapshots) {

@@ -277,6 +277,58 @@ TEST(Authorize, DenyWinsOverMatchingAllow) {
   EXPECT_EQ(allowed.reason, "allowed by policy dst/allow-all");
 }
 
+Policy dry_run(Policy p) {
+  p.dry_run = true;
+  return p;
+}
+
+TEST(Authorize, DryRunPoliciesAreReportedAndNeverEnforced) {
+  // A dry-run Deny that matches: the connection is allowed, and the shadow decision says deny.
+  Snapshot snap(
+      {workload("dst", "w")}, {},
+      {dry_run(policy("dst", "audit-b", PolicyAction::kDeny, single({.namespaces = {"b"}})))});
+  const Workload& w = snap.workloads()[0];
+  Verdict v = authorize(snap, w, conn(kMtlsB));
+  EXPECT_TRUE(v.allowed);
+  EXPECT_EQ(v.reason, "no allow policies") << "the dry-run Deny is not an enforced policy";
+  ASSERT_TRUE(v.dry_run);
+  EXPECT_FALSE(v.dry_run->allowed);
+  EXPECT_EQ(v.dry_run->policy, "dst/audit-b");
+  EXPECT_EQ(dry_run_summary(v),
+            "dry run would deny: denied by policy dst/audit-b (enforced: allow)");
+  Verdict other = authorize(snap, w, conn(kMtlsA));
+  ASSERT_TRUE(other.dry_run);
+  EXPECT_TRUE(other.dry_run->allowed);
+
+  // A dry-run Allow beside an enforced Allow: it does not make an Allow policy "exist" for the
+  // enforced decision, and is judged on its own in the shadow one.
+  Snapshot both({workload("dst", "w")}, {},
+                {policy("dst", "allow-a", PolicyAction::kAllow, single({.namespaces = {"a"}})),
+                 dry_run(policy("dst", "trial-allow-b", PolicyAction::kAllow,
+                                single({.namespaces = {"b"}})))});
+  Verdict b = authorize(both, both.workloads()[0], conn(kMtlsB));
+  EXPECT_FALSE(b.allowed);
+  EXPECT_EQ(b.reason, "allow policies exist, but none matched");
+  ASSERT_TRUE(b.dry_run);
+  EXPECT_TRUE(b.dry_run->allowed);
+  EXPECT_EQ(b.dry_run->policy, "dst/trial-allow-b");
+
+  // With only a dry-run Allow, the enforced side has no Allow policy at all: everything passes.
+  Snapshot trial(
+      {workload("dst", "w")}, {},
+      {dry_run(policy("dst", "trial", PolicyAction::kAllow, single({.namespaces = {"a"}})))});
+  Verdict t = authorize(trial, trial.workloads()[0], conn(kMtlsB));
+  EXPECT_TRUE(t.allowed);
+  ASSERT_TRUE(t.dry_run);
+  EXPECT_FALSE(t.dry_run->allowed);
+  EXPECT_EQ(t.dry_run->reason, "allow policies exist, but none matched");
+
+  // No dry-run policy applies: nothing to report.
+  Snapshot plain({workload("dst", "w")}, {}, {});
+  EXPECT_FALSE(authorize(plain, plain.workloads()[0], conn(kMtlsB)).dry_run);
+  EXPECT_EQ(dry_run_summary(authorize(plain, plain.workloads()[0], conn(kMtlsB))), "");
+}
+
 TEST(Authorize, NonMatchingDenyAloneAllows) {
   Snapshot snap({workload("dst", "w")}, {},
                 {policy("dst", "deny-b", PolicyAction::kDeny, single({.namespaces = {"b"}}))});
@@ -430,11 +482,13 @@ TEST(DeniedOnEveryPort, DependsOnWhetherAnyPortWouldAllow) {
       {"deny_this_identity",
        {policy("dst", "no-alice", PolicyAction::kDeny,
                single(PolicyMatch{.principals = {"cluster.local/ns/a/sa/alice"}}))},
-       kMtlsA, true},
+       kMtlsA,
+       true},
       {"deny_one_port_only",
        {policy("dst", "no-8080", PolicyAction::kDeny,
                single(PolicyMatch{.destination_ports = {8080}}))},
-       kMtlsA, false},
+       kMtlsA,
+       false},
   };
   for (const auto& row : rows) {
     Snapshot snap({workload("dst", "server")}, {}, row.policies);

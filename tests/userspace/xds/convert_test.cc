@@ -74,8 +74,7 @@ TEST(XdsDecode, AuthorizationFromPythonBytes) {
   ASSERT_TRUE(a.ParseFromString(fixture("authorization.bin")));
   auto r = convert_authorization("default/only-client", a);
   ASSERT_TRUE(r) << r.error().to_string();
-  ASSERT_TRUE(r->has_value());
-  const state::Policy& p = **r;
+  const state::Policy& p = *r;
   EXPECT_EQ(p.key(), "default/only-client");
   EXPECT_EQ(p.scope, state::PolicyScope::kWorkloadSelector);
   EXPECT_EQ(p.action, state::PolicyAction::kDeny);
@@ -170,11 +169,11 @@ TEST(XdsConvert, PolicyErrorsAndDryRun) {
   src->set_length(8);
   r = convert_authorization("default/p", p);
   ASSERT_TRUE(r) << r.error().to_string();
-  ASSERT_TRUE(r->has_value());
+  EXPECT_FALSE(r->dry_run);
   p.set_dry_run(true);
   r = convert_authorization("default/p", p);
   ASSERT_TRUE(r);
-  EXPECT_FALSE(r->has_value()) << "a dry-run policy is held but not enforced";
+  EXPECT_TRUE(r->dry_run) << "a dry-run policy is held, marked, and never enforced";
 }
 
 envoy::service::discovery::v3::DeltaDiscoveryResponse response(
