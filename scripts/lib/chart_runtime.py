@@ -31,6 +31,7 @@ class Container:
 
     def __init__(self, name, argv):
         self.name = name
+        self.final_log = None  # what it logged, kept when stop() removes it
         subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True, timeout=30)
         run(argv, timeout=60)
 
@@ -51,11 +52,14 @@ class Container:
                 time.sleep(0.1)
         r = subprocess.run(["podman", "inspect", "-f", "{{.State.ExitCode}}", self.name],
                            capture_output=True, text=True, timeout=30)
+        self.final_log = self.log()
         subprocess.run(["podman", "rm", "-f", "-t", "0", self.name], capture_output=True,
                        timeout=60)
         return int(r.stdout.strip() or -1)
 
     def log(self):
+        if self.final_log is not None:
+            return self.final_log
         r = subprocess.run(["podman", "logs", self.name], capture_output=True, text=True,
                            timeout=30)
         return r.stdout + r.stderr
@@ -67,8 +71,12 @@ class Container:
 class ChartRuntime:
     """Runs each node's containers as the rendered chart describes them."""
 
-    def __init__(self, image):
+    def __init__(self, image, api_server=None, values=None):
         self.image = image
+        # (host, port, service account dir) of the API server the pods are told about, as
+        # podspec.PodContext takes it; None: none (the cluster has no API server).
+        self.api_server = api_server
+        self.values = values or {}  # further --set values, e.g. node.labelsFrom
         self.installers = {}
         self.netns = []
         self.rendered = {}
@@ -82,6 +90,7 @@ class ChartRuntime:
                     "builtinCA.stateDir": c.ca_dir, "terminationGracePeriodSeconds": "8",
                     # The simulated kubelet (cluster.Node.kubelet_sh), on the host's hierarchy.
                     "node.probeCgroup": os.path.relpath(n.kubelet_cgroup, cgroup2_mount())}
+            sets.update(self.values)
             argv = [HELM, "template", "sockmesh", CHART, "-n", "istio-system"]
             for k, v in sets.items():
                 argv += ["--set", "%s=%s" % (k, v)]
@@ -96,7 +105,8 @@ class ChartRuntime:
                                  pod_ip=n.link_ip, netns=netns,
                                  work_dir=os.path.join(n.dir, "kubelet", ds_name),
                                  config_maps={"sockmesh-config": n.cluster.work},
-                                 cgroup_parent=self._relative_cgroup(cgroup))
+                                 cgroup_parent=self._relative_cgroup(cgroup),
+                                 api_server=self.api_server)
         prefix = "%s-%s-%s" % (n.cluster.id, n.short, ds_name)
         runs = dict(podspec.podman_runs(ds, ctx, name_prefix=prefix))
         return Container("%s-%s" % (prefix, container), runs[container])

@@ -17,6 +17,10 @@ raises PodSpecError rather than being dropped silently.
                                        as the kubelet keeps a ConfigMap volume up to date)
     projected serviceAccountToken      a token file the caller gives (nobody checks it here)
     emptyDir                           a directory under the caller's work dir
+    (the API server, when the caller   -e KUBERNETES_SERVICE_HOST/PORT, and its service account
+     gives one)                        directory (token, ca.crt) at
+                                       /var/run/secrets/kubernetes.io/serviceaccount, read-only,
+                                       unless automountServiceAccountToken is false
 """
 import os
 import re
@@ -38,7 +42,7 @@ class PodContext:
     """What the kubelet and the API server would fill in for one pod on one node."""
 
     def __init__(self, node_name, pod_name, namespace, pod_ip, netns, work_dir,
-                 config_maps=None, token_file=None, cgroup_parent=None):
+                 config_maps=None, token_file=None, cgroup_parent=None, api_server=None):
         self.node_name, self.pod_name, self.namespace = node_name, pod_name, namespace
         self.pod_ip, self.netns, self.work_dir = pod_ip, netns, work_dir
         self.config_maps = config_maps or {}
@@ -47,6 +51,12 @@ class PodContext:
         # /kubepods/...): relative to the cgroup root, or None for podman's default.
         self.cgroup_parent = cgroup_parent
         self.service_account = ""
+        # (host, port, service account dir): what every container of a pod learns of the API
+        # server, as the kubelet gives it; None: no API server.
+        self.api_server = api_server
+
+
+SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
 def _expand(text, env):
@@ -138,6 +148,10 @@ def podman_runs(daemonset, ctx, image=None, name_prefix="sm"):
         if "runAsUser" in sc:
             argv += ["--user", "%d:%d" % (sc["runAsUser"], sc.get("runAsGroup", 0))]
         env = _env(c, ctx)
+        automount = ctx.api_server is not None and spec.get("automountServiceAccountToken", True)
+        if ctx.api_server is not None:
+            env.setdefault("KUBERNETES_SERVICE_HOST", ctx.api_server[0])
+            env.setdefault("KUBERNETES_SERVICE_PORT", str(ctx.api_server[1]))
         for k, v in env.items():
             argv += ["-e", "%s=%s" % (k, v)]
         for m in c.get("volumeMounts", []):
@@ -156,6 +170,8 @@ def podman_runs(daemonset, ctx, image=None, name_prefix="sm"):
             if PROPAGATION[prop]:
                 opts.append(PROPAGATION[prop])
             argv += ["-v", "%s:%s%s" % (src, m["mountPath"], ":" + ",".join(opts) if opts else "")]
+        if automount:
+            argv += ["-v", "%s:%s:ro" % (ctx.api_server[2], SERVICE_ACCOUNT_MOUNT)]
         command = c.get("command")
         if not command or len(command) != 1:
             raise PodSpecError("container %s: command must be one program" % c["name"])

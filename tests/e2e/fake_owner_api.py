@@ -4,9 +4,11 @@
 agent tests' recorded answers (tests/loader/agent/testdata/kube): the DaemonSet while the file
 given as STATE_FILE says "present", a 404 Status once it says "gone". Every request is appended to
 LOG_FILE with its Authorization header. Usage: fake_owner_api.py PORT STATE_FILE LOG_FILE TOKEN
-(it listens on 127.0.0.1 in the network namespace it is started in)."""
+[CERT KEY] (it listens on 127.0.0.1 in the network namespace it is started in; over TLS with the
+given PEM files, as an API server does, otherwise plain HTTP)."""
 import http.server
 import os
+import ssl
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -45,7 +47,12 @@ def main():
         def log_message(self, *args):
             pass
 
-    http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+    server = http.server.HTTPServer(("127.0.0.1", port), Handler)
+    if len(sys.argv) > 6:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(sys.argv[5], sys.argv[6])
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
+    server.serve_forever()
 
 
 if __name__ == "__main__":
