@@ -151,6 +151,10 @@ class KubeCsrTest(unittest.TestCase):
         self.wait_error(m.b, "was Failed (reason: TestSaysFailed")
         self.assert_all_deleted(SERVER)
 
+    def test_csr_deleted_by_someone_else(self):
+        m = self.failing_node(mode="vanish")
+        self.wait_error(m.b, "was deleted before a certificate was issued", "CSR sockmesh-")
+
     def test_certificate_for_another_identity_is_refused(self):
         self.mesh = KubeMesh()
         self.mesh.api.wrong_identity = TD + "someone-else"

@@ -93,8 +93,8 @@ Result<LoadedRoots> read_roots(const std::filesystem::path& path) {
   return LoadedRoots{std::make_shared<X509List>(*std::move(certs))};
 }
 
-// "reason: message" of a Kubernetes Status body, or the body itself (shortened).
-std::string status_text(long status, const std::string& body) {
+// "reason: message" of a Kubernetes Status object, or the text itself (shortened).
+std::string status_detail(const std::string& body) {
   std::string detail;
   auto j = Json::parse(body, nullptr, false);
   if (j.is_object() && j.contains("message") && j["message"].is_string()) {
@@ -105,6 +105,11 @@ std::string status_text(long status, const std::string& body) {
   } else {
     detail = body.substr(0, 200);
   }
+  return detail;
+}
+
+std::string status_text(long status, const std::string& body) {
+  std::string detail = status_detail(body);
   return "HTTP " + std::to_string(status) + (detail.empty() ? "" : " (" + detail + ")");
 }
 
@@ -470,7 +475,7 @@ Result<std::string> KubeCsrIssuer::wait_for_certificate(const std::string& name,
     std::string type = event["type"].get<std::string>();
     const Json& object = event.contains("object") ? event["object"] : Json();
     if (type == "ERROR") {
-      event_error = "the watch failed: " + status_text(0, object.dump());
+      event_error = "the watch failed: " + status_detail(object.dump());
       return false;
     }
     if (type == "DELETED") {
