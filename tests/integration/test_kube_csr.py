@@ -98,6 +98,9 @@ class KubeCsrTest(unittest.TestCase):
     def test_traffic_with_certificates_from_the_csr_api(self):
         t0 = time.monotonic()
         m = self.mesh = KubeMesh()
+        # A CA address too (as --xds-address would give): --ca-provider kubernetes wins, and the
+        # log says the address is ignored.
+        m.a.args += ["--ca-address", "https://127.0.0.1:1"]
         self.server = EchoServer(m.server_ip, 8080)
         m.start()
         self.wait_valid(m.a, CLIENT)
@@ -126,7 +129,8 @@ class KubeCsrTest(unittest.TestCase):
         self.assertEqual(int(cert_b["certChain"][0]["serialNumber"], 16), issued[-1]["serial"])
         self.assertEqual(m.b.config_dump()["certificateIssuer"], "kubernetes-csr")
         self.assertIn("identities: Kubernetes CSR API at " + m.api.address, m.a.logs())
-        self.assertIn("--ca-provider kubernetes", m.a.logs())
+        self.assertIn("(--ca-provider kubernetes; ignored: CA address https://127.0.0.1:1)",
+                      m.a.logs())
         self.assertGreaterEqual(m.a.metric_sum("sockmesh_certificate_fetches_total",
                                                result="ok"), 1)
 
