@@ -29,6 +29,7 @@
 #include "identity/certificate_cache.h"
 #include "identity/file_certificates.h"
 #include "identity/istio_ca_client.h"
+#include "identity/kube_csr_issuer.h"
 #include "observe/http_server.h"
 #include "proxy/bypass_pinning.h"
 #include "proxy/enrolled_workloads.h"
@@ -219,12 +220,55 @@ int main(int argc, char** argv) {
                     << snap->policies().size() << " policies";
   }
 
-  // Identities, one issuer: Istio's CA when a CA address is set, else mounted certificates, else
-  // the built-in CA.
+  // Identities, one issuer. --ca-provider names it; auto (the default) takes Istio's CA when a CA
+  // address is set, else mounted certificates when --certs-dir is set, else the built-in CA. The
+  // Kubernetes CSR API is used only when named. Settings of the issuers not chosen are ignored,
+  // and the log says so.
   observe::Registry metrics;
   std::shared_ptr<identity::CertificateIssuer> issuer;
   identity::CertificateCacheOptions cache_options;
-  if (!cfg.ca_address.empty()) {
+  app::CaProvider provider = opts.ca_provider;
+  std::string chosen_by = "--ca-provider " + std::string(app::ca_provider_name(provider));
+  if (provider == app::CaProvider::kAuto) {
+    provider = !cfg.ca_address.empty()  ? app::CaProvider::kIstio
+               : !cfg.certs_dir.empty() ? app::CaProvider::kFiles
+                                        : app::CaProvider::kBuiltin;
+    chosen_by = provider == app::CaProvider::kIstio   ? "auto: a CA address is set"
+                : provider == app::CaProvider::kFiles ? "auto: no CA address, --certs-dir set"
+                                                      : "auto: no CA address, no --certs-dir";
+  }
+  std::string ignored;
+  auto note_ignored = [&ignored](bool set, app::CaProvider mine, app::CaProvider chosen,
+                                 const std::string& what) {
+    if (set && mine != chosen) ignored += (ignored.empty() ? "" : ", ") + what;
+  };
+  note_ignored(!cfg.ca_address.empty(), app::CaProvider::kIstio, provider,
+               "CA address " + cfg.ca_address);
+  note_ignored(!cfg.certs_dir.empty(), app::CaProvider::kFiles, provider,
+               "--certs-dir " + cfg.certs_dir);
+  note_ignored(!opts.kube.signer_name.empty(), app::CaProvider::kKubernetes, provider,
+               "--k8s-signer-name " + opts.kube.signer_name);
+  const std::string ignored_note = ignored.empty() ? "" : "; ignored: " + ignored;
+  auto fetch_counter = [&metrics](const char* result) -> observe::Counter& {
+    return metrics.counter("sockmesh_certificate_fetches_total",
+                           "Certificate requests to the remote CA (Istio's CA or the Kubernetes "
+                           "CSR API), by outcome",
+                           {{"result", result}});
+  };
+  // As ztunnel: retries from 500 ms doubling up to 150 s; the current certificate serves
+  // meanwhile. The remote call happens on the cache's thread, never on an io thread.
+  auto remote_cache_options = [&cache_options, &cfg] {
+    cache_options.min_retry = std::chrono::milliseconds(500);
+    cache_options.max_retry = std::chrono::seconds(150);
+    cache_options.issue_in_background = true;
+    cache_options.parallel_issues = cfg.ca_max_requests;
+  };
+  if (provider == app::CaProvider::kIstio) {
+    if (cfg.ca_address.empty()) {
+      return fail(
+          "--ca-provider istio needs a CA address (--ca-address, CA_ADDRESS or "
+          "--xds-address)");
+    }
     identity::IstioCaOptions ca;
     ca.address = cfg.ca_address;
     ca.root_ca_file = cfg.ca_root_ca;
@@ -232,37 +276,57 @@ int main(int argc, char** argv) {
     ca.cluster_id = cfg.cluster_id;
     ca.ttl = cfg.secret_ttl;
     ca.max_in_flight = cfg.ca_max_requests;
-    auto& fetched_ok = metrics.counter("sockmesh_certificate_fetches_total",
-                                       "Certificate requests to Istio's CA, by outcome",
-                                       {{"result", "ok"}});
-    auto& fetch_failed = metrics.counter("sockmesh_certificate_fetches_total",
-                                         "Certificate requests to Istio's CA, by outcome",
-                                         {{"result", "failed"}});
+    auto& fetched_ok = fetch_counter("ok");
+    auto& fetch_failed = fetch_counter("failed");
     ca.on_fetch = [&fetched_ok, &fetch_failed](bool ok) { (ok ? fetched_ok : fetch_failed).inc(); };
     auto client = identity::IstioCaClient::create(std::move(ca));
     if (!client) return fail("Istio CA: " + client.error().message);
     issuer = *client;
-    // As ztunnel: retries from 500 ms doubling up to 150 s; the current certificate serves
-    // meanwhile. The network round trip happens on the cache's thread, never on an io thread.
-    cache_options.min_retry = std::chrono::milliseconds(500);
-    cache_options.max_retry = std::chrono::seconds(150);
-    cache_options.issue_in_background = true;
-    cache_options.parallel_issues = cfg.ca_max_requests;
+    remote_cache_options();
     SM_INFO("main") << "identities: Istio CA at " << (*client)->target() << ", roots from "
-                    << cfg.ca_root_ca << ", secret TTL " << cfg.secret_ttl.count() << " s"
-                    << (cfg.certs_dir.empty() ? "" : " (--certs-dir ignored: the CA address wins)");
-  } else if (!cfg.certs_dir.empty()) {
+                    << cfg.ca_root_ca << ", secret TTL " << cfg.secret_ttl.count() << " s ("
+                    << chosen_by << ignored_note << ")";
+  } else if (provider == app::CaProvider::kKubernetes) {
+    identity::KubeCsrOptions ko;
+    ko.api_server = opts.kube.api_server;
+    if (ko.api_server.empty()) {
+      std::map<std::string, std::string> env;
+      for (const char* name : {"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"}) {
+        if (const char* v = std::getenv(name)) env[name] = v;
+      }
+      ko.api_server = identity::in_cluster_api_server(env);
+    }
+    ko.api_ca_file = opts.kube.api_ca;
+    ko.token_file = opts.kube.token_file;
+    ko.signer_name = opts.kube.signer_name;
+    ko.root_ca_file = cfg.ca_root_ca;
+    ko.ttl = cfg.secret_ttl;
+    ko.approval_timeout = opts.kube.approval_timeout;
+    ko.max_in_flight = cfg.ca_max_requests;
+    auto& fetched_ok = fetch_counter("ok");
+    auto& fetch_failed = fetch_counter("failed");
+    ko.on_fetch = [&fetched_ok, &fetch_failed](bool ok) { (ok ? fetched_ok : fetch_failed).inc(); };
+    auto kube = identity::KubeCsrIssuer::create(std::move(ko));
+    if (!kube) return fail("Kubernetes CSR issuer: " + kube.error().message);
+    issuer = *kube;
+    remote_cache_options();
+    SM_INFO("main") << "identities: Kubernetes CSR API at " << (*kube)->options().api_server
+                    << ", signer " << opts.kube.signer_name << ", roots from " << cfg.ca_root_ca
+                    << ", secret TTL " << cfg.secret_ttl.count() << " s (" << chosen_by
+                    << ignored_note << ")";
+  } else if (provider == app::CaProvider::kFiles) {
+    if (cfg.certs_dir.empty()) return fail("--ca-provider files needs --certs-dir");
     auto files = identity::FileCertificates::create(cfg.certs_dir);
     if (!files) return fail("certificates in " + cfg.certs_dir + ": " + files.error().message);
     issuer = *files;
-    SM_INFO("main") << "identities: certificates mounted in " << cfg.certs_dir
-                    << " (no CA address set)";
+    SM_INFO("main") << "identities: certificates mounted in " << cfg.certs_dir << " (" << chosen_by
+                    << ignored_note << ")";
   } else {
     auto ca = identity::BuiltinCa::load_or_create(cfg.state_dir, cfg.trust_domain);
     if (!ca) return fail("built-in CA in " + cfg.state_dir + ": " + ca.error().message);
     issuer = *ca;
-    SM_INFO("main") << "identities: built-in CA, root kept in " << cfg.state_dir
-                    << " (no CA address, no --certs-dir)";
+    SM_INFO("main") << "identities: built-in CA, root kept in " << cfg.state_dir << " ("
+                    << chosen_by << ignored_note << ")";
   }
   identity::CertificateCache certificates(issuer, cache_options);
   // With a remote CA, the local workloads' certificates are asked for as soon as they are known

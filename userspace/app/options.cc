@@ -139,6 +139,13 @@ Setter shared_text(std::string proxy::ProxyConfig::*proxy_field, std::string Xds
   };
 }
 
+Setter kube_text(std::string KubeCsrSettings::*field) {
+  return [field](const std::string& v, Options* o) -> std::optional<std::string> {
+    o->kube.*field = v;
+    return std::nullopt;
+  };
+}
+
 const std::map<std::string, std::pair<Setter, const char*>>& flags() {
   static const std::map<std::string, std::pair<Setter, const char*>> f = {
       {"node", {text(&proxy::ProxyConfig::node_name), "this node's name (workloads whose node matches are local)"}},
@@ -151,6 +158,29 @@ const std::map<std::string, std::pair<Setter, const char*>>& flags() {
                         o->ca_address_given = true;
                         return std::nullopt;
                       }, "Istio's CA, https://host:port: workload certificates from there, winning over --certs-dir and the built-in CA; '' = off (default: the --xds-address when that is set, else off; env CA_ADDRESS)"}},
+      {"ca-provider", {[](const std::string& v, Options* o) -> std::optional<std::string> {
+                         static const std::map<std::string, CaProvider> names = {
+                             {"auto", CaProvider::kAuto},       {"", CaProvider::kAuto},
+                             {"istio", CaProvider::kIstio},     {"kubernetes", CaProvider::kKubernetes},
+                             {"files", CaProvider::kFiles},     {"builtin", CaProvider::kBuiltin}};
+                         auto it = names.find(v);
+                         if (it == names.end()) {
+                           return "expected auto, istio, kubernetes, files or builtin, got '" + v + "'";
+                         }
+                         o->ca_provider = it->second;
+                         return std::nullopt;
+                       }, "where workload certificates come from: auto (Istio's CA if --ca-address is set, else --certs-dir if set, else the built-in CA), istio, kubernetes (the CSR API, --k8s-signer-name), files, builtin (default auto)"}},
+      {"k8s-api-server", {kube_text(&KubeCsrSettings::api_server), "Kubernetes API server for --ca-provider kubernetes, https://host:port (default: in a pod, https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)"}},
+      {"k8s-api-ca", {kube_text(&KubeCsrSettings::api_ca), "PEM roots for the Kubernetes API server's certificate; '' = the system's (default /var/run/secrets/kubernetes.io/serviceaccount/ca.crt)"}},
+      {"k8s-token-file", {kube_text(&KubeCsrSettings::token_file), "bearer token for the Kubernetes API, read for every request; '' = none (default /var/run/secrets/kubernetes.io/serviceaccount/token)"}},
+      {"k8s-signer-name", {kube_text(&KubeCsrSettings::signer_name), "signerName of the CertificateSigningRequests (--ca-provider kubernetes), e.g. example.com/istio-workloads (default: unset)"}},
+      {"k8s-csr-timeout", {[](const std::string& v, Options* o) -> std::optional<std::string> {
+                             std::chrono::milliseconds d{0};
+                             if (auto e = parse_duration(v, &d)) return e;
+                             if (d < std::chrono::seconds(1)) return "must be at least 1s, got '" + v + "'";
+                             o->kube.approval_timeout = d;
+                             return std::nullopt;
+                           }, "how long a CertificateSigningRequest may wait for approval and its certificate, e.g. 60s (default 60s)"}},
       {"ca-root-ca", {text(&proxy::ProxyConfig::ca_root_ca), "PEM roots for the CA's server certificate and the chains it signs; the mesh's trust bundle, re-read every --certificate-check-ms (default ./var/run/secrets/istio/root-cert.pem; env CA_ROOT_CA)"}},
       {"xds-token-file", {shared_text(&proxy::ProxyConfig::token_file, &XdsSettings::token_file), "bearer token sent to istiod (xDS and CA), read for every call and connection; '' = none (default ./var/run/secrets/tokens/istio-token; env AUTH_TOKEN)"}},
       {"cluster-id", {shared_text(&proxy::ProxyConfig::cluster_id, &XdsSettings::cluster_id), "clusterid sent to istiod (xDS and CA) (default Kubernetes; env CLUSTER_ID)"}},
@@ -329,6 +359,22 @@ const std::map<std::string, std::string>& ztunnel_env() {
 }
 
 }  // namespace
+
+const char* ca_provider_name(CaProvider p) {
+  switch (p) {
+    case CaProvider::kAuto:
+      return "auto";
+    case CaProvider::kIstio:
+      return "istio";
+    case CaProvider::kKubernetes:
+      return "kubernetes";
+    case CaProvider::kFiles:
+      return "files";
+    case CaProvider::kBuiltin:
+      return "builtin";
+  }
+  return "auto";
+}
 
 std::optional<std::string> parse_options(const std::vector<std::string>& args, Options* out) {
   // Environment first (ztunnel's names, then SOCKMESH_<FLAG>), flags override.

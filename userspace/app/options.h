@@ -4,6 +4,7 @@
 // them either way. Some flags also read ztunnel's variable for the same setting (XDS_ADDRESS,
 // NODE_NAME, ...), so ztunnel's DaemonSet environment works unchanged; SOCKMESH_<FLAG> wins over
 // ztunnel's name, and the flag over both.
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,9 +28,27 @@ struct XdsSettings {
   long long max_message_bytes = 32ll << 20;
 };
 
+// Where workload certificates come from (--ca-provider). kAuto: Istio's CA when a CA address is
+// set, else mounted certificates (--certs-dir) when set, else the built-in CA. The others pick
+// one issuer by name; the settings it needs must be there.
+enum class CaProvider { kAuto, kIstio, kKubernetes, kFiles, kBuiltin };
+const char* ca_provider_name(CaProvider p);
+
+// The Kubernetes CSR API issuer (--ca-provider kubernetes). An empty api_server means in-cluster:
+// https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT.
+struct KubeCsrSettings {
+  std::string api_server;
+  std::string api_ca = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
+  std::string token_file = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+  std::string signer_name;
+  std::chrono::milliseconds approval_timeout{60000};
+};
+
 struct Options {
   proxy::ProxyConfig proxy;
   XdsSettings xds;
+  CaProvider ca_provider = CaProvider::kAuto;
+  KubeCsrSettings kube;
   // --ca-address (or CA_ADDRESS) was given, perhaps as '': then it is not taken from the xDS
   // address. '' keeps --certs-dir or the built-in CA while xDS is on.
   bool ca_address_given = false;

@@ -150,5 +150,48 @@ TEST(OptionsTest, ZtunnelVariablesWorkAndFlagsWin) {
   EXPECT_EQ(err->rfind("SECRET_TTL: ", 0), 0u) << *err;
 }
 
+TEST(OptionsTest, CaProviderAndKubernetesCsrSettings) {
+  Options d;
+  ASSERT_EQ(parse_options({}, &d), std::nullopt);
+  EXPECT_EQ(d.ca_provider, CaProvider::kAuto);
+  EXPECT_EQ(d.kube.api_server, "") << "in-cluster unless told";
+  EXPECT_EQ(d.kube.api_ca, "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt");
+  EXPECT_EQ(d.kube.token_file, "/var/run/secrets/kubernetes.io/serviceaccount/token");
+  EXPECT_EQ(d.kube.signer_name, "");
+  EXPECT_EQ(d.kube.approval_timeout, std::chrono::seconds(60));
+  for (auto [text, want] : {std::pair{"auto", CaProvider::kAuto},
+                            {"istio", CaProvider::kIstio},
+                            {"kubernetes", CaProvider::kKubernetes},
+                            {"files", CaProvider::kFiles},
+                            {"builtin", CaProvider::kBuiltin}}) {
+    Options o;
+    ASSERT_EQ(parse_options({"--ca-provider", text}, &o), std::nullopt) << text;
+    EXPECT_EQ(o.ca_provider, want) << text;
+    EXPECT_STREQ(ca_provider_name(want), text);
+  }
+  Options bad;
+  auto err = parse_options({"--ca-provider", "citadel"}, &bad);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_NE(err->find("--ca-provider"), std::string::npos) << *err;
+  EXPECT_NE(err->find("kubernetes"), std::string::npos) << *err;
+
+  ScopedEnv provider("SOCKMESH_CA_PROVIDER", "kubernetes");
+  Options k;
+  ASSERT_EQ(parse_options({"--k8s-api-server", "https://10.96.0.1:443", "--k8s-api-ca", "/ca",
+                           "--k8s-token-file", "/tok", "--k8s-signer-name", "example.com/mesh",
+                           "--k8s-csr-timeout", "90s"},
+                          &k),
+            std::nullopt);
+  EXPECT_EQ(k.ca_provider, CaProvider::kKubernetes);
+  EXPECT_EQ(k.kube.api_server, "https://10.96.0.1:443");
+  EXPECT_EQ(k.kube.api_ca, "/ca");
+  EXPECT_EQ(k.kube.token_file, "/tok");
+  EXPECT_EQ(k.kube.signer_name, "example.com/mesh");
+  EXPECT_EQ(k.kube.approval_timeout, std::chrono::seconds(90));
+  Options short_timeout;
+  EXPECT_TRUE(parse_options({"--k8s-csr-timeout", "500ms"}, &short_timeout).has_value());
+  EXPECT_NE(usage().find("--k8s-signer-name"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace sockmesh::app
