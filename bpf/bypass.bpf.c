@@ -32,8 +32,12 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 /* Knobs set by the loader before load. */
 const volatile bool cfg_bypass = true; /* false: sockops inserts nothing, sk_msg always passes */
 
+/* Every byte of `out` is written, `reserved` too: it is a map key, and the verifier lets a
+ * privileged program pass uninitialized stack to a helper. Left unwritten, the IPv6 passive ends
+ * missed their notes every time (whatever the stack slot held; IPv4 happened to find zeros). */
 static __always_inline void sm_flow_reverse(const struct sm_flow_key* in, struct sm_flow_key* out) {
   out->netns = in->netns;
+  out->reserved = 0;
   out->local = in->remote;
   out->remote = in->local;
   out->local_port = in->remote_port;
@@ -104,7 +108,7 @@ static __always_inline bool sm_active_has_local_peer(struct bpf_sock_ops* ops,
 /* Whether a passively opened socket's peer is local: its active end left a fresh note in this
  * netns. */
 static __always_inline bool sm_passive_has_local_peer(const struct sm_flow_key* key) {
-  struct sm_flow_key peer_key;
+  struct sm_flow_key peer_key = {};
   sm_flow_reverse(key, &peer_key);
   struct sm_peer_note* note = bpf_map_lookup_elem(&sm_await_peer, &peer_key);
   if (note) {

@@ -6,6 +6,11 @@ the benchmark. Needs root.
       cni0 bridge 10.244.<n>.1/24  (made by the reference bridge plugin on the first pod)
         veth -- pod netns eth0 10.244.<n>.<k>   (CNI chain: bridge + host-local, then sockmesh-cni)
 
+With Cluster(dual_stack=True) every address has an IPv6 twin: the node link fd00:172:30::<n>/64,
+pods fd00:10:244:<n>::<k>/64 (host-local with a second range; cni0 gets fd00:10:244:<n>::1),
+routes between the nodes for both families, both addresses in each workload's workloadIps and
+a second VIP per service (add_service(vip6=...)).
+
 A node's CNI configuration starts as a plain bridge conflist in its own conf dir; the real
 `sockmesh-install-cni --once` appends sockmesh-cni to it, as the DaemonSet would. The cluster acts
 as the container runtime: it runs the chain inside the node's netns with the CNI_* environment.
@@ -32,6 +37,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PREFIX = "smc"
 NODE_LINK = "172.30.0"
 POD_CIDR = "10.244.%d"
+NODE_LINK6 = "fd00:172:30::"      # dual_stack: the node link's IPv6 /64
+POD_CIDR6 = "fd00:10:244:%d::"    # dual_stack: node n's pod /64
 TRUST_DOMAIN = "cluster.local"
 MESH_LABEL = "istio.io/dataplane-mode"
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -265,10 +272,12 @@ class Process:
 
 
 class Pod:
-    def __init__(self, cluster, node, namespace, name, service_account, ip, labels=None):
+    def __init__(self, cluster, node, namespace, name, service_account, ip, labels=None,
+                 ip6=None):
         self.cluster, self.node = cluster, node
         self.namespace, self.name, self.service_account = namespace, name, service_account
         self.ip = ip
+        self.ip6 = ip6  # its IPv6 address in a dual-stack cluster, else None
         self.labels = dict(labels or {})
         self.netns = "%s-%s-%s" % (cluster.id, node.short, name)
         self.netns_path = "/run/netns/" + self.netns
@@ -282,11 +291,16 @@ class Pod:
         return "spiffe://%s/ns/%s/sa/%s" % (TRUST_DOMAIN, self.namespace, self.service_account)
 
     @property
+    def ips(self):
+        return [self.ip] + ([self.ip6] if self.ip6 else [])
+
+    @property
     def workload_uid(self):
         return "Kubernetes//v1/Pod/%s/%s" % (self.namespace, self.name)
 
     def __repr__(self):
-        return "%s/%s (%s on %s)" % (self.namespace, self.name, self.ip, self.node.name)
+        return "%s/%s (%s on %s)" % (self.namespace, self.name, ", ".join(self.ips),
+                                     self.node.name)
 
     def sh(self, argv, timeout=30, check=True, input=None, in_cgroup=True):
         """Runs a command in the pod (its netns and cgroup) and returns its output. With
@@ -325,9 +339,11 @@ class Pod:
         return p
 
     def serve(self, port=8080, name=None):
-        """Starts podapp's echo server on 0.0.0.0:port; returns once it listens."""
+        """Starts podapp's echo server on 0.0.0.0:port (and [::]:port in a dual-stack cluster);
+        returns once it listens."""
         tag = name or "serve-%d" % port
-        p = self.spawn(tag, [PYTHON, PODAPP, "serve", "--port", str(port),
+        host = ["--host", ""] if self.ip6 else []  # "": every address of both families
+        p = self.spawn(tag, [PYTHON, PODAPP, "serve", "--port", str(port)] + host + [
                              "--name", "%s/%s" % (self.namespace, self.name)])
         wait_until("%s listening on %d" % (self, port),
                    lambda: ":%d " % port in self.sh(["ss", "-Hltn"]) or not p.alive(), 10)
@@ -374,6 +390,9 @@ class Node:
         self.link_ip = "%s.%d" % (NODE_LINK, index + 1)
         self.pod_subnet = POD_CIDR % (index + 1)
         self.gateway = self.pod_subnet + ".1"
+        # dual_stack: the IPv6 twins (the pod prefix is a /64; its hosts are ::<k>)
+        self.link_ip6 = "%s%d" % (NODE_LINK6, index + 1)
+        self.pod_subnet6 = POD_CIDR6 % (index + 1)
         self.zds_socket = os.path.join(self.run_dir, "zds.sock")
         # Where the proxy's own ports (15000, 15020, 15021) are: the node's netns, unless a
         # runtime gives the proxy a pod netns of its own (the chart's DaemonSet does).
@@ -502,9 +521,11 @@ class Node:
         with open(os.path.join(self.conf_dir, files[0])) as f:
             return json.load(f)
 
-    def cni(self, command, pod, prev=None, extra_args="", after_plugin=None):
+    def cni(self, command, pod, prev=None, extra_args="", after_plugin=None, ips=None):
         """Runs the node's CNI chain (ADD forwards, DEL backwards) for pod; the final result.
-        after_plugin(type), if given, is called after each plugin succeeds."""
+        after_plugin(type), if given, is called after each plugin succeeds. ips: the addresses
+        to ask host-local for, one per range (the conventional "args": {"cni": {"ips": ...}} of
+        the network config; CNI_ARGS' IP= takes one address only)."""
         conf = self.conflist()
         plugins = conf["plugins"] if command != "DEL" else list(reversed(conf["plugins"]))
         env = {"CNI_COMMAND": command, "CNI_CONTAINERID": pod.container_id,
@@ -518,6 +539,8 @@ class Node:
         for plugin in plugins:
             net = dict(plugin)
             net["cniVersion"], net["name"] = conf["cniVersion"], conf["name"]
+            if ips:
+                net["args"] = {"cni": {"ips": list(ips)}}
             if result is not None:
                 net["prevResult"] = result
             exe = None
@@ -548,7 +571,10 @@ class Cluster:
         return binary(name, self.build)
 
     def __init__(self, nodes=("node-a", "node-b"), bypass=True, keep=False, drain_timeout_ms=3000,
-                 log=None, work=None, build=None, runtime=None, xds=False, proxy_extra=()):
+                 log=None, work=None, build=None, runtime=None, xds=False, proxy_extra=(),
+                 dual_stack=False):
+        # dual_stack: pods, node link and services get an IPv6 address beside the IPv4 one.
+        self.dual_stack = dual_stack
         # runtime: something that runs each node's agent, proxy and CNI installer in place of the
         # binaries (tests/deploy/test_manifest_runs.py: the chart's containers under podman).
         self.runtime = runtime
@@ -639,11 +665,18 @@ class Cluster:
                  "eth0", "netns", b.netns])
             for n, peer in ((a, b), (b, a)):
                 n.sh(["ip", "addr", "add", n.link_ip + "/24", "dev", "eth0"])
+                if self.dual_stack:  # nodad: usable at once, not tentative for a second
+                    n.sh(["ip", "-6", "addr", "add", n.link_ip6 + "/64", "dev", "eth0", "nodad"])
                 n.sh(["ip", "link", "set", "eth0", "up"])
                 n.sh(["ip", "route", "add", peer.pod_subnet + ".0/24", "via", peer.link_ip])
-        self.say("nodes %s joined by %s.0/24" % (
-            ", ".join("%s (pods %s.0/24)" % (n.name, n.pod_subnet) for n in self.nodes),
-            NODE_LINK))
+                if self.dual_stack:
+                    n.sh(["ip", "-6", "route", "add", peer.pod_subnet6 + "/64", "via",
+                          peer.link_ip6])
+        self.say("nodes %s joined by %s.0/24%s" % (
+            ", ".join("%s (pods %s.0/24%s)" % (
+                n.name, n.pod_subnet, ", %s/64" % n.pod_subnet6 if self.dual_stack else "")
+                for n in self.nodes),
+            NODE_LINK, " and %s/64" % NODE_LINK6 if self.dual_stack else ""))
         if self.xds:
             self._start_istiod()
         for n in self.nodes:
@@ -659,17 +692,26 @@ class Cluster:
         self._made["netns"].append(n.netns)
         n.sh(["ip", "link", "set", "lo", "up"])
         n.sh(["sysctl", "-qw", "net.ipv4.ip_forward=1"])
+        if self.dual_stack:
+            # Forwarding between the node link and cni0, and no DAD wait on the node's links
+            # (cni0's gateway address would be tentative, unroutable, for a second).
+            for key in ("net.ipv6.conf.all.forwarding=1", "net.ipv6.conf.all.accept_dad=0",
+                        "net.ipv6.conf.default.accept_dad=0"):
+                n.sh(["sysctl", "-qw", key])
         for d in (n.run_dir, n.conf_dir, n.bin_dir):
             os.makedirs(d, exist_ok=True)
         os.makedirs(n.proxy_cgroup)
         os.makedirs(n.kubelet_cgroup)
         self._made["installs"].append(n)
         # The node's own CNI network before sockmesh: bridge + host-local, as a cluster has it.
+        ranges, routes = [[{"subnet": n.pod_subnet + ".0/24"}]], [{"dst": "0.0.0.0/0"}]
+        if self.dual_stack:  # host-local's second range: one address of each family
+            ranges.append([{"subnet": n.pod_subnet6 + "/64"}])
+            routes.append({"dst": "::/0"})
         base = {"cniVersion": "1.0.0", "name": "pod-network", "plugins": [{
             "type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False,
             "ipam": {"type": "host-local", "dataDir": os.path.join(n.dir, "ipam"),
-                     "ranges": [[{"subnet": n.pod_subnet + ".0/24"}]],
-                     "routes": [{"dst": "0.0.0.0/0"}]}}]}
+                     "ranges": ranges, "routes": routes}}]}
         with open(os.path.join(n.conf_dir, "10-bridge.conflist"), "w") as f:
             json.dump(base, f, indent=2)
         # sockmesh-install-cni appends sockmesh-cni and copies the plugin, as its DaemonSet does.
@@ -688,10 +730,10 @@ class Cluster:
     def label_namespace(self, name, ambient=True):
         self.namespaces[name] = {MESH_LABEL: "ambient"} if ambient else {}
 
-    def add_service(self, name, namespace, vip, ports, selector):
-        """selector: pod names backing it."""
+    def add_service(self, name, namespace, vip, ports, selector, vip6=None):
+        """selector: pod names backing it. vip6: its IPv6 VIP too (a dual-stack service)."""
         self.services.append({"name": name, "namespace": namespace, "vip": vip, "ports": ports,
-                              "pods": list(selector)})
+                              "pods": list(selector), "vip6": vip6})
 
     def set_policies(self, policies, wait=True):
         self.policies = list(policies)
@@ -706,7 +748,7 @@ class Cluster:
             w = {"uid": p.workload_uid, "name": p.name, "namespace": p.namespace,
                  "serviceAccount": p.service_account, "workloadName": p.name,
                  "canonicalName": p.labels.get("app", p.name), "node": p.node.name,
-                 "protocol": "HBONE" if enrolled else "TCP", "workloadIps": [p.ip]}
+                 "protocol": "HBONE" if enrolled else "TCP", "workloadIps": p.ips}
             if p.labels:
                 w["labels"] = dict(p.labels)
             svcs = {}
@@ -719,7 +761,8 @@ class Cluster:
         for s in self.services:
             sans = sorted({self.pod(n).identity for n in s["pods"] if self.is_ambient(self.pod(n))})
             doc["services"].append({"name": s["name"], "namespace": s["namespace"],
-                                    "hostname": self.hostname(s), "vips": ["/" + s["vip"]],
+                                    "hostname": self.hostname(s),
+                                    "vips": ["/" + v for v in (s["vip"], s.get("vip6")) if v],
                                     "ports": dict(s["ports"]), "subjectAltNames": sans})
         return doc
 
@@ -777,19 +820,28 @@ class Cluster:
         if host_index is None:
             host_index = 10 + len([p for p in self.pods if p.node is n])
         ip = "%s.%d" % (n.pod_subnet, host_index)
-        pod = Pod(self, n, namespace, name, service_account, ip, labels)
+        # dual_stack: fd00:10:244:<node>::<host_index>, the same digits as the IPv4 address's.
+        ip6 = "%s%d" % (n.pod_subnet6, host_index) if self.dual_stack else None
+        pod = Pod(self, n, namespace, name, service_account, ip, labels, ip6=ip6)
         self.pods.append(pod)
         self.write_config(wait=True)
         run(["ip", "netns", "add", pod.netns])
         self._made["netns"].append(pod.netns)
         run(["ip", "-n", pod.netns, "link", "set", "lo", "up"])
+        if ip6:  # the pod's eth0 (made by the bridge plugin) starts without DAD
+            run(["ip", "netns", "exec", pod.netns, "sysctl", "-qw",
+                 "net.ipv6.conf.default.accept_dad=0"])
         os.makedirs(pod.cgroup)
-        result = n.cni("ADD", pod, extra_args=";IP=" + ip)
+        if ip6:
+            result = n.cni("ADD", pod, ips=[ip, ip6])
+        else:
+            result = n.cni("ADD", pod, extra_args=";IP=" + ip)
         n.cni_results[pod.container_id] = result
-        got = result["ips"][0]["address"].split("/")[0]
-        if got != ip:
-            raise ClusterError("host-local gave %s to %s, not %s" % (got, pod, ip))
-        self.say("pod %-22s %-12s on %s%s" % ("%s/%s" % (namespace, name), ip, n.name,
+        got = [a["address"].split("/")[0] for a in result["ips"]]
+        if got != pod.ips:
+            raise ClusterError("host-local gave %s to %s, not %s" % (got, pod, pod.ips))
+        self.say("pod %-22s %-12s on %s%s" % ("%s/%s" % (namespace, name),
+                                               ", ".join(pod.ips), n.name,
                                                "  (mesh: enrolled by the node agent)"
                                                if self.is_ambient(pod) else "  (not in the mesh)"))
         return pod
@@ -883,6 +935,7 @@ def metric_value(text, name, **labels):
 #   node-b: shop/echo-b (sa echo), legacy/legacy-b
 #   service echo.shop.svc.cluster.local  VIP 10.96.0.20:80 -> 8080, backed by echo-b
 ECHO_VIP = "10.96.0.20"
+ECHO_VIP6 = "fd00:10:96::20"  # its IPv6 VIP in a dual-stack cluster
 APP_PORT = 8080
 
 
@@ -901,7 +954,8 @@ def demo_topology(c, serve=True):
         "legacy-b": c.add_pod("node-b", "legacy", "legacy-b", "default",
                               labels={"app": "legacy"}),
     }
-    c.add_service("echo", "shop", ECHO_VIP, {80: APP_PORT}, ["echo-b"])
+    c.add_service("echo", "shop", ECHO_VIP, {80: APP_PORT}, ["echo-b"],
+                  vip6=ECHO_VIP6 if c.dual_stack else None)
     c.write_config(wait=True)
     if serve:
         for name, pod in pods.items():

@@ -12,10 +12,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts", "lib"))
 
 import cluster  # noqa: E402
-from cluster import APP_PORT, ECHO_VIP, ClusterError, metric_value, wait_until  # noqa: E402,F401 (re-exported)
+from cluster import APP_PORT, ECHO_VIP, ECHO_VIP6, ClusterError, metric_value, wait_until  # noqa: E402,F401 (re-exported)
 
 SKIP_EXIT = 77
-__all__ = ["APP_PORT", "ECHO_VIP", "ClusterCase", "ClusterError", "main", "metric_value",
+__all__ = ["APP_PORT", "ECHO_VIP", "ECHO_VIP6", "ClusterCase", "ClusterError", "main", "metric_value",
            "preflight", "wait_until"]
 
 
@@ -43,11 +43,13 @@ class ClusterCase(unittest.TestCase):
     drain_timeout_ms = 3000
     xds = False  # True: the proxies' mesh and certificates come from the fake istiod
     proxy_extra = ()  # more sockmesh-proxy flags
+    dual_stack = False  # True: every pod, the node link and the service have IPv6 too
 
     def setUp(self):
         self.t0 = time.monotonic()
         self.cluster = cluster.Cluster(drain_timeout_ms=self.drain_timeout_ms, xds=self.xds,
-                                       proxy_extra=self.proxy_extra)
+                                       proxy_extra=self.proxy_extra,
+                                       dual_stack=self.dual_stack)
         self.addCleanup(self.cluster.close)
         self.addCleanup(self.dump_logs_on_failure)
         self.cluster.up()

@@ -163,6 +163,36 @@ TEST_P(BypassTest, InboundHopFromProxyToAppIsBypassed) {
   }
 }
 
+// IPv6 on both hops: the app's connection to the proxy's outbound listener, and the proxy's
+// transparent dial to the app behind its inbound listener: each end is paired. (In the simulated
+// cluster the IPv6 passive ends once missed their notes, the reversed key's `reserved` being left
+// unwritten on the stack; here that stack slot happened to hold zeros, so this test passed even
+// then: e2e_cluster_dualstack is the one that caught it.)
+TEST_P(BypassTest, IPv6HopsArePairedLikeIPv4Ones) {
+  testing::EchoServer peer(topo_.peer.path(), Endpoint{topo_.peer_v6, 8080});
+  testing::EchoServer app(topo_.pod.path(), Endpoint{topo_.pod_v6, 8080});
+  testing::Relay outbound(topo_.pod.path(), *listeners_, topo_.pod_v6, ListenerKind::kOutbound,
+                          SM_MARK_PROXY_UPSTREAM);
+  testing::Relay inbound(topo_.pod.path(), *listeners_, topo_.pod_v6, ListenerKind::kInboundPlain,
+                         SM_MARK_PROXY_TO_APP, /*keep_source=*/true);
+  auto before = counters();
+  auto kib64 = [](int) { return size_t{64} * 1024; };
+  EXPECT_EQ(run_connections(topo_.pod.path(), Endpoint{topo_.peer_v6, 8080}, 10, 2, kib64), 10);
+  EXPECT_EQ(run_connections(topo_.peer.path(), Endpoint{topo_.pod_v6, 8080}, 10, 2, kib64), 10);
+  EXPECT_EQ(outbound.accepted(), 10);
+  EXPECT_EQ(inbound.accepted(), 10);
+  auto after = counters();
+  auto delta = [&](sm_counter c) { return after[c] - before[c]; };
+  if (GetParam().bypass) {
+    EXPECT_EQ(delta(SM_CNT_SOCKOPS_INSERTED), 40u) << "both ends of both hops, 10 times";
+    EXPECT_GT(delta(SM_CNT_BYPASS_SENDS), 20u);
+    EXPECT_EQ(delta(SM_CNT_BYPASS_NOTES_EXPIRED), 0u) << "a note no passive end found";
+  } else {
+    EXPECT_EQ(delta(SM_CNT_SOCKOPS_INSERTED), 0u);
+    EXPECT_EQ(delta(SM_CNT_BYPASS_SENDS), 0u);
+  }
+}
+
 TEST_P(BypassTest, LoaderRestartAndUpgradeDoNotBreakStreamingConnections) {
   testing::EchoServer server(topo_.peer.path(), Endpoint{topo_.peer_v4, 8080});
   testing::Relay proxy(topo_.pod.path(), *listeners_, topo_.pod_v4, ListenerKind::kOutbound,
