@@ -7,6 +7,8 @@ CNI chain: bridge + host-local, then sockmesh-cni), sends traffic, and prints wh
 the evidence: the wire, access logs, metrics deltas, the workload map, the bypass counters.
   --keep   leave the cluster up and print how to poke at it (remove it with --down)
   --down   remove clusters left by --keep
+  --ipv4-only  no IPv6 (by default the cluster is dual stack and step 5 adds one IPv6 flow; with
+               --containers it is IPv4 only)
 """
 import argparse
 import os
@@ -93,7 +95,7 @@ def tshark(pcap, *args):
                           timeout=60).stdout
 
 
-def demo(keep, containers=False, xds=False):
+def demo(keep, containers=False, xds=False, dual_stack=True):
     step("1/8 the cluster: two nodes, each with its node agent and proxy")
     runtime = None
     if containers:
@@ -103,7 +105,7 @@ def demo(keep, containers=False, xds=False):
         image, summary = chart_runtime.build_image()
         say(summary)
         runtime = chart_runtime.ChartRuntime(image)
-    c = C.Cluster(keep=keep, log=say, runtime=runtime, xds=xds)
+    c = C.Cluster(keep=keep, log=say, runtime=runtime, xds=xds, dual_stack=dual_stack)
     try:
         if runtime:
             # The ConfigMap sockmesh-config (key config.yaml) is the cluster's config file.
@@ -145,7 +147,8 @@ def demo(keep, containers=False, xds=False):
             for ln in n.agent.log().splitlines():
                 if " ADD " in ln:
                     say("%s agent: %s" % (n.name, ln.split(" agent ", 1)[-1]))
-        say("service echo.shop.svc.cluster.local: VIP %s:80 -> echo-b:8080" % C.ECHO_VIP)
+        say("service echo.shop.svc.cluster.local: VIP %s:80%s -> echo-b:8080" % (
+            C.ECHO_VIP, " and [%s]:80" % C.ECHO_VIP6 if dual_stack else ""))
 
         step("3/8 the workload map on node-a, as bpftool shows it (BTF-typed records)")
         out = C.run(["bpftool", "map", "dump", "pinned", os.path.join(a.pin_root,
@@ -166,6 +169,9 @@ def demo(keep, containers=False, xds=False):
         try:
             flow("client -> %s:80 (echo VIP)" % C.ECHO_VIP, client, "%s:80" % C.ECHO_VIP, MiB,
                  "shop/echo-b", text=marker)
+            if dual_stack:
+                flow("IPv6: client -> [%s]:80 (echo's IPv6 VIP)" % C.ECHO_VIP6, client,
+                     "[%s]:80" % C.ECHO_VIP6, 256 * 1024, "shop/echo-b", text=marker)
             time.sleep(0.3)
         finally:
             dump.terminate()
@@ -195,6 +201,20 @@ def demo(keep, containers=False, xds=False):
         check(ports == ["15008"] and alpn == ["h2"] and "0x0304" in version and clear == 0,
               "the cross-node hop is not TLS 1.3 + h2 on 15008 without plaintext")
         good("the cross-node hop is mTLS 1.3, ALPN h2, to 15008, and carries no plaintext")
+        if dual_stack:
+            for ln in access(b, "direction=inbound", "src.addr=[%s]" % client.ip6)[:1]:
+                say("node-b access: " + short_access(ln))
+            mesh6 = "ipv6.src==%s && ipv6.dst==%s" % (client.ip6, echo_b.ip6)
+            ports6 = sorted(set(tshark(pcap, "-Y", mesh6, "-T", "fields", "-e",
+                                       "tcp.dstport").split()))
+            alpn6 = sorted(set(tshark(pcap, "-Y", mesh6 + " && tls.handshake.type==1", "-T",
+                                      "fields", "-e", "tls.handshake.extensions_alpn_str").split()))
+            say("  IPv6 client -> echo-b packets went to port(s) %s, ClientHello ALPN %s" % (
+                ", ".join(ports6), ",".join(alpn6)))
+            check(ports6 == ["15008"] and alpn6 == ["h2"],
+                  "the IPv6 flow did not cross as TLS + h2 to 15008")
+            good("the IPv6 flow crossed the same way: HBONE between [%s] and [%s]:15008" % (
+                client.ip6, echo_b.ip6))
 
         step("6/8 legacy pods (not in the mesh) -> a mesh pod: plaintext captured on 15006")
         in_before = a.datapath_counter("captured_inbound")
@@ -286,6 +306,8 @@ def main(argv):
                         "fake istiod built from proto/ (it follows the topology's config file)")
     p.add_argument("--containers", action="store_true",
                    help="run the image built by scripts/image as the chart's DaemonSets describe")
+    p.add_argument("--ipv4-only", action="store_true",
+                   help="no IPv6 addresses (the default cluster is dual stack, with one IPv6 flow)")
     args = p.parse_args(argv)
     if args.containers and args.xds:
         print("--containers and --xds do not go together yet (the chart's proxy reads the "
@@ -306,7 +328,8 @@ def main(argv):
     # Ctrl-C and SIGTERM both unwind through the cleanup.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        demo(args.keep, args.containers, args.xds)
+        demo(args.keep, args.containers, args.xds,
+             dual_stack=not (args.ipv4_only or args.containers))
     except KeyboardInterrupt:
         print("\ninterrupted; the cluster was removed", file=sys.stderr)
         return 130
