@@ -345,8 +345,13 @@ class Pod:
         host = ["--host", ""] if self.ip6 else []  # "": every address of both families
         p = self.spawn(tag, [PYTHON, PODAPP, "serve", "--port", str(port)] + host + [
                              "--name", "%s/%s" % (self.namespace, self.name)])
-        wait_until("%s listening on %d" % (self, port),
-                   lambda: ":%d " % port in self.sh(["ss", "-Hltn"]) or not p.alive(), 10)
+        # Both families' sockets in a dual-stack pod (ss shows "0.0.0.0:p" and "[::]:p").
+        want = ["0.0.0.0:%d " % port] + (["[::]:%d " % port] if self.ip6 else [])
+
+        def listening():
+            out = self.sh(["ss", "-Hltn"])
+            return all(w in out for w in want)
+        wait_until("%s listening on %d" % (self, port), lambda: listening() or not p.alive(), 10)
         if not p.alive():
             raise ClusterError("server in %s exited: %s" % (self, p.log()))
         return p

@@ -94,9 +94,18 @@ class DualStack(ClusterCase):
                                 "dst.hbone_addr=%s" % v6(echo_b.ip6, 15008))
         self.assertTrue(svc, "no outbound line for the IPv6 VIP tunnelled to echo-b's IPv6")
 
-        # tc captured the three IPv6 SYNs; the app <-> proxy hops in the pods (IPv6 sockets on
+        # Mesh -> outside the mesh over IPv6: captured, passed through as plain TCP.
+        legacy_b = self.pods["legacy-b"]
+        r = self.talk(client, v6(legacy_b.ip6, APP_PORT), 64 * 1024)
+        self.assertEqual((r["servers"], r["seen_as"]), (["legacy/legacy-b"], [client.ip6]))
+        plain = self.access_lines(self.a, "direction=outbound",
+                                  "dst.addr=%s" % v6(legacy_b.ip6, APP_PORT))
+        self.assertTrue(plain, "no outbound passthrough line to legacy-b's IPv6")
+        self.assertNotIn("dst.hbone_addr", plain[0])
+
+        # tc captured the four IPv6 SYNs; the app <-> proxy hops in the pods (IPv6 sockets on
         # both ends) took the sockmap bypass.
-        self.assertEqual(self.a.datapath_counter("captured_outbound") - out_a, 3)
+        self.assertEqual(self.a.datapath_counter("captured_outbound") - out_a, 4)
         self.assertGreater(self.a.datapath_counter("bypass_sends"), bypass)
         self.assertGreater(self.b.datapath_counter("bypass_sends"), 0)
 
@@ -112,7 +121,8 @@ class DualStack(ClusterCase):
 
     def test_a_deny_policy_on_an_ipv6_source_refuses_it_and_nothing_else(self):
         legacy_a, legacy_b, echo_a = self.pods["legacy-a"], self.pods["legacy-b"], self.pods["echo-a"]
-        self.talk(legacy_b, v6(echo_a.ip6, APP_PORT), 4096)  # captured plaintext on 15006
+        r = self.talk(legacy_b, v6(echo_a.ip6, APP_PORT), 4096)  # captured plaintext on 15006
+        self.assertEqual(r["seen_as"], [legacy_b.ip6], "inbound plaintext keeps the v6 source")
         inb = self.access_lines(self.a, "direction=inbound", "src.addr=[%s]:" % legacy_b.ip6)
         self.assertTrue(inb, "no inbound plaintext line for legacy-b's IPv6")
         self.cluster.set_policies([{
