@@ -146,6 +146,25 @@ class DualStack(ClusterCase):
         self.assertEqual(probe["seen_as"], ["fd16:9254:7127:1337:ffff:ffff:ffff:ffff"])
         self.assertEqual(self.a.datapath_counter("node_exempt") - exempt, 1)
 
+        # Deleting echo-a takes both families' records, listeners and policy routing with it
+        # (looked at between sockmesh-cni's DEL and the bridge's, while the netns still exists).
+        self.assertIn("fwmark", echo_a.sh(["ip", "-6", "rule"]), "no IPv6 rule while enrolled")
+        self.assertIn("local default dev lo", echo_a.sh(["ip", "-6", "route", "show", "table",
+                                                          "all"]))
+        seen = {}
+
+        def between(plugin):
+            if plugin == "sockmesh-cni":
+                seen["status"] = self.a.loader("status")
+                seen["rules"] = echo_a.sh(["ip", "-6", "rule"]) + echo_a.sh(["ip", "rule"])
+                seen["listening"] = echo_a.sh(["ss", "-Hltn"])
+        self.cluster.delete_pod(echo_a, after_plugin=between)
+        for ip in echo_a.ips:
+            self.assertNotIn(ip + " ", seen["status"], "a record or listener of %s remains" % ip)
+        self.assertIn(self.client.ip6, seen["status"], "the other pod must stay enrolled")
+        self.assertNotIn("fwmark", seen["rules"], "policy routing stayed: %s" % seen["rules"])
+        self.assertNotIn(":1500", seen["listening"], "a proxy listener stayed in the pod")
+
     def test_the_dns_proxy_answers_aaaa_for_the_service_over_both_families(self):
         client = self.client
         resolv = os.path.join(self.cluster.work, "pod-resolv.conf")
