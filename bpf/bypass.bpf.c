@@ -32,9 +32,10 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 /* Knobs set by the loader before load. */
 const volatile bool cfg_bypass = true; /* false: sockops inserts nothing, sk_msg always passes */
 
-/* Every byte of `out` is written, `reserved` too: it is a map key, and the verifier lets a
- * privileged program pass uninitialized stack to a helper. Left unwritten, the IPv6 passive ends
- * missed their notes every time (whatever the stack slot held; IPv4 happened to find zeros). */
+/* Every byte of `out` is written, `reserved` too: it is a map key, and the verifier accepted this
+ * program with that field unwritten (stack bytes the program never wrote hold whatever the kernel
+ * stack held). Left unwritten, the IPv6 passive ends missed their notes every time in the cluster;
+ * IPv4 happened to find zeros there. */
 static __always_inline void sm_flow_reverse(const struct sm_flow_key* in, struct sm_flow_key* out) {
   out->netns = in->netns;
   out->reserved = 0;
