@@ -327,9 +327,12 @@ def main(argv):
         return 0
     # Ctrl-C and SIGTERM both unwind through the cleanup.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    dual_stack = not (args.ipv4_only or args.containers)
+    if dual_stack and not os.path.isdir("/proc/sys/net/ipv6"):
+        say("this kernel has IPv6 off (no /proc/sys/net/ipv6): the cluster is IPv4 only")
+        dual_stack = False
     try:
-        demo(args.keep, args.containers, args.xds,
-             dual_stack=not (args.ipv4_only or args.containers))
+        demo(args.keep, args.containers, args.xds, dual_stack=dual_stack)
     except KeyboardInterrupt:
         print("\ninterrupted; the cluster was removed", file=sys.stderr)
         return 130
