@@ -13,23 +13,6 @@ namespace {
 constexpr std::string_view kScope = "identity";
 namespace pb = ::istio::v1::auth;
 
-struct LoadedRoots {
-  TrustRootsPtr roots;
-  std::string pem;
-};
-
-Result<LoadedRoots> read_roots(const std::filesystem::path& path) {
-  auto text = files::read(path);
-  if (!text) return Error{"CA root file " + path.string() + ": " + text.error().message};
-  if (!text->has_value()) return Error{"CA root file " + path.string() + ": no such file"};
-  auto certs = certificates_from_pem(**text);
-  if (!certs) return Error{"CA root file " + path.string() + ": " + certs.error().message};
-  if (auto why = check_trust_bundle(*certs, std::chrono::system_clock::now())) {
-    return Error{"CA root file " + path.string() + ": " + *why};
-  }
-  return LoadedRoots{std::make_shared<X509List>(*std::move(certs)), **std::move(text)};
-}
-
 std::string trim(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
   return s;
@@ -103,13 +86,11 @@ std::optional<std::string> ca_target_of(std::string_view address) {
   return std::string(address);
 }
 
-IstioCaClient::IstioCaClient(IstioCaOptions options, std::string target, TrustRootsPtr roots,
-                             std::string roots_pem, std::optional<files::Stamp> stamp)
+IstioCaClient::IstioCaClient(IstioCaOptions options, std::string target, WatchedRootFile roots)
     : options_(std::move(options)),
       target_(std::move(target)),
       roots_(std::move(roots)),
-      roots_stamp_(stamp),
-      channel_(make_channel(target_, roots_pem)) {}
+      channel_(make_channel(target_, roots_.first_pem())) {}
 
 IstioCaClient::~IstioCaClient() = default;
 
@@ -120,16 +101,15 @@ Result<std::shared_ptr<IstioCaClient>> IstioCaClient::create(IstioCaOptions opti
   }
   if (options.root_ca_file.empty()) return Error{"no CA root file set (--ca-root-ca)"};
   if (options.max_in_flight == 0) options.max_in_flight = 1;
-  auto stamp = files::stamp(options.root_ca_file);
-  auto roots = read_roots(options.root_ca_file);
+  auto roots = WatchedRootFile::open(options.root_ca_file);
   if (!roots) return roots.error();
   SM_INFO(kScope) << "Istio CA client: address=" << *target
                   << " root_ca=" << options.root_ca_file.string()
-                  << " roots=" << roots->roots->size() << " token_file="
+                  << " roots=" << roots->roots()->size() << " token_file="
                   << (options.token_file.empty() ? "(none)" : options.token_file.string())
                   << " cluster_id=" << options.cluster_id << " ttl_s=" << options.ttl.count();
-  return std::shared_ptr<IstioCaClient>(new IstioCaClient(
-      std::move(options), *std::move(target), roots->roots, std::move(roots->pem), stamp));
+  return std::shared_ptr<IstioCaClient>(
+      new IstioCaClient(std::move(options), *std::move(target), *std::move(roots)));
 }
 
 std::shared_ptr<IstioCaClient::Channel> IstioCaClient::channel() const {
@@ -137,31 +117,13 @@ std::shared_ptr<IstioCaClient::Channel> IstioCaClient::channel() const {
   return channel_;
 }
 
-TrustRootsPtr IstioCaClient::trust_roots() const {
-  std::lock_guard lock(mu_);
-  return roots_;
-}
+TrustRootsPtr IstioCaClient::trust_roots() const { return roots_.roots(); }
 
 void IstioCaClient::refresh() {
-  auto stamp = files::stamp(options_.root_ca_file);
-  {
-    std::lock_guard lock(mu_);
-    if (stamp == roots_stamp_) return;
-  }
-  auto roots = read_roots(options_.root_ca_file);
-  if (!roots) {
-    SM_WARN(kScope) << "keeping previous CA roots: " << roots.error().message;
-    std::lock_guard lock(mu_);
-    roots_stamp_ = stamp;  // say it once per change of the file, not at every check
-    return;
-  }
-  if (files::stamp(options_.root_ca_file) != stamp) return;  // moved while read: next time
-  auto channel = make_channel(target_, roots->pem);
-  SM_INFO(kScope) << "reloaded CA roots path=" << options_.root_ca_file.string()
-                  << " count=" << roots->roots->size() << "; new connections and CA calls use them";
+  auto bundle = roots_.reload(kScope, "CA roots", "new connections and CA calls use them");
+  if (!bundle) return;
+  auto channel = make_channel(target_, bundle->pem);
   std::lock_guard lock(mu_);
-  roots_ = roots->roots;
-  roots_stamp_ = stamp;
   channel_ = std::move(channel);
 }
 

@@ -23,8 +23,8 @@
 #include <set>
 #include <string>
 
-#include "identity/file_util.h"
 #include "identity/issuer.h"
+#include "identity/root_file.h"
 
 namespace grpc {
 class ClientContext;
@@ -71,17 +71,16 @@ class IstioCaClient final : public CertificateIssuer {
 
  private:
   static std::shared_ptr<Channel> make_channel(const std::string& target, const std::string& pem);
-  IstioCaClient(IstioCaOptions options, std::string target, TrustRootsPtr roots,
-                std::string roots_pem, std::optional<files::Stamp> stamp);
+  IstioCaClient(IstioCaOptions options, std::string target, WatchedRootFile roots);
   std::shared_ptr<Channel> channel() const;
   Result<CertifiedKeyPtr> call(const SpiffeId& id);
 
   const IstioCaOptions options_;
   const std::string target_;
 
+  WatchedRootFile roots_;
+
   mutable std::mutex mu_;
-  TrustRootsPtr roots_;
-  std::optional<files::Stamp> roots_stamp_;
   std::shared_ptr<Channel> channel_;      // rebuilt when the roots change
   std::set<grpc::ClientContext*> calls_;  // in flight, for cancel()
   bool cancelled_ = false;

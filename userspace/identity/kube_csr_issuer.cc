@@ -77,22 +77,6 @@ std::string random_suffix() {
   return s;
 }
 
-struct LoadedRoots {
-  TrustRootsPtr roots;
-};
-
-Result<LoadedRoots> read_roots(const std::filesystem::path& path) {
-  auto text = files::read(path);
-  if (!text) return Error{"root file " + path.string() + ": " + text.error().message};
-  if (!text->has_value()) return Error{"root file " + path.string() + ": no such file"};
-  auto certs = certificates_from_pem(**text);
-  if (!certs) return Error{"root file " + path.string() + ": " + certs.error().message};
-  if (auto why = check_trust_bundle(*certs, std::chrono::system_clock::now())) {
-    return Error{"root file " + path.string() + ": " + *why};
-  }
-  return LoadedRoots{std::make_shared<X509List>(*std::move(certs))};
-}
-
 // "reason: message" of a Kubernetes Status object, or the text itself (shortened).
 std::string status_detail(const std::string& body) {
   std::string detail;
@@ -314,9 +298,8 @@ std::string csr_object_json(const std::string& name, const std::string& csr_pem,
   return j.dump();
 }
 
-KubeCsrIssuer::KubeCsrIssuer(KubeCsrOptions options, TrustRootsPtr roots,
-                             std::optional<files::Stamp> stamp)
-    : options_(std::move(options)), roots_(std::move(roots)), roots_stamp_(stamp) {}
+KubeCsrIssuer::KubeCsrIssuer(KubeCsrOptions options, WatchedRootFile roots)
+    : options_(std::move(options)), roots_(std::move(roots)) {}
 
 KubeCsrIssuer::~KubeCsrIssuer() = default;
 
@@ -338,8 +321,7 @@ Result<std::shared_ptr<KubeCsrIssuer>> KubeCsrIssuer::create(KubeCsrOptions opti
     return Error{"Kubernetes API CA file " + options.api_ca_file.string() + ": no such file"};
   }
   if (options.max_in_flight == 0) options.max_in_flight = 1;
-  auto stamp = files::stamp(options.root_ca_file);
-  auto roots = read_roots(options.root_ca_file);
+  auto roots = WatchedRootFile::open(options.root_ca_file);
   if (!roots) return roots.error();
   if (options.ttl < kMinExpiration) {
     SM_WARN(kScope) << "secret TTL " << options.ttl.count()
@@ -350,38 +332,16 @@ Result<std::shared_ptr<KubeCsrIssuer>> KubeCsrIssuer::create(KubeCsrOptions opti
                   << " signer=" << options.signer_name << " api_ca="
                   << (options.api_ca_file.empty() ? "(system)" : options.api_ca_file.string())
                   << " root_ca=" << options.root_ca_file.string()
-                  << " roots=" << roots->roots->size() << " token_file="
+                  << " roots=" << roots->roots()->size() << " token_file="
                   << (options.token_file.empty() ? "(none)" : options.token_file.string())
                   << " ttl_s=" << options.ttl.count()
                   << " approval_timeout_ms=" << options.approval_timeout.count();
-  return std::shared_ptr<KubeCsrIssuer>(new KubeCsrIssuer(std::move(options), roots->roots, stamp));
+  return std::shared_ptr<KubeCsrIssuer>(new KubeCsrIssuer(std::move(options), *std::move(roots)));
 }
 
-TrustRootsPtr KubeCsrIssuer::trust_roots() const {
-  std::lock_guard lock(mu_);
-  return roots_;
-}
+TrustRootsPtr KubeCsrIssuer::trust_roots() const { return roots_.roots(); }
 
-void KubeCsrIssuer::refresh() {
-  auto stamp = files::stamp(options_.root_ca_file);
-  {
-    std::lock_guard lock(mu_);
-    if (stamp == roots_stamp_) return;
-  }
-  auto roots = read_roots(options_.root_ca_file);
-  if (!roots) {
-    SM_WARN(kScope) << "keeping previous roots: " << roots.error().message;
-    std::lock_guard lock(mu_);
-    roots_stamp_ = stamp;
-    return;
-  }
-  if (files::stamp(options_.root_ca_file) != stamp) return;
-  SM_INFO(kScope) << "reloaded roots path=" << options_.root_ca_file.string()
-                  << " count=" << roots->roots->size() << "; new connections use them";
-  std::lock_guard lock(mu_);
-  roots_ = roots->roots;
-  roots_stamp_ = stamp;
-}
+void KubeCsrIssuer::refresh() { roots_.reload(kScope, "roots", "new connections use them"); }
 
 void KubeCsrIssuer::cancel() {
   if (!cancelled_.exchange(true)) {

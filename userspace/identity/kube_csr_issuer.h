@@ -30,8 +30,8 @@
 #include <optional>
 #include <string>
 
-#include "identity/file_util.h"
 #include "identity/issuer.h"
+#include "identity/root_file.h"
 
 namespace sockmesh::identity {
 
@@ -82,7 +82,7 @@ class KubeCsrIssuer final : public CertificateIssuer {
   };
 
  private:
-  KubeCsrIssuer(KubeCsrOptions options, TrustRootsPtr roots, std::optional<files::Stamp> stamp);
+  KubeCsrIssuer(KubeCsrOptions options, WatchedRootFile roots);
   Result<CertifiedKeyPtr> run(const SpiffeId& id);
   Result<std::string> wait_for_certificate(const std::string& name, const SpiffeId& id);
   void delete_csr(const std::string& name);
@@ -90,9 +90,7 @@ class KubeCsrIssuer final : public CertificateIssuer {
   const KubeCsrOptions options_;
   std::atomic<bool> cancelled_{false};
 
-  mutable std::mutex mu_;
-  TrustRootsPtr roots_;
-  std::optional<files::Stamp> roots_stamp_;
+  WatchedRootFile roots_;
 
   std::mutex slots_mu_;
   std::condition_variable slots_cv_;
