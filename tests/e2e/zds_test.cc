@@ -389,7 +389,12 @@ class ZdsEndToEnd : public ::testing::Test {
                                            "--drain-timeout-ms",
                                            "500",
                                            "--log-level",
-                                           "info"},
+                                           "info",
+                                           // Both pods are this proxy's: these tests prove
+                                           // the in-pod HBONE path, which the same-node fast
+                                           // path would skip (test_cluster_same_node.py).
+                                           "--same-node-fast-path",
+                                           "false"},
                   tmp_.path() + "/proxy-" + std::to_string(proxy_runs_) + ".log");
     return &**into;
   }
