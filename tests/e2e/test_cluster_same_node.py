@@ -4,8 +4,8 @@ pod to another pod the same proxy serves is authorized by the proxy itself and d
 into the server pod, without HBONE to its own 15008. Checked against the tunnel it replaces, in
 one cluster (node-a's proxy restarted with the flag off): the payload intact, the client's address
 kept, the same metric series with both reporters, access-log bytes equal to what the apps sent,
-and the path in the access log; a Deny policy refuses a new same-node connection and closes a live
-one. TCP's semantics on the path (half-close both ways, RST both ways, backpressure) are in
+and the path in the access log; payloads from 1 byte to 64 MiB; a server that half-closes first
+and still reads; a Deny policy refuses a new same-node connection and closes a live one. TCP's semantics on the path (half-close both ways, RST both ways, backpressure) are in
 test_cluster_tcp_semantics.py, whose "same-node" path takes the fast path by default.
 Topology: cluster.demo_topology (client and echo-a on node-a)."""
 import json
@@ -17,6 +17,50 @@ from cluster_case import APP_PORT, ClusterCase, main, metric_value, wait_until  
 MiB = 1 << 20
 SERIES = ("istio_tcp_connections_opened_total", "istio_tcp_connections_closed_total",
           "istio_tcp_sent_bytes_total", "istio_tcp_received_bytes_total")
+
+
+# A server that half-closes first (sends 3 bytes, then FIN) and then reads what the client still
+# sends, to EOF: the client's sending half must outlive the server's FIN through the relay.
+HALF_CLOSE_SERVER = r"""
+import hashlib, json, socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", %d))
+s.listen(8)
+s.settimeout(60)
+for _ in range(4):
+    c, peer = s.accept()
+    c.settimeout(10)
+    c.sendall(b"bye")
+    c.shutdown(socket.SHUT_WR)
+    n, h = 0, hashlib.sha256()
+    while True:
+        d = c.recv(65536)
+        if not d:
+            break
+        n += len(d)
+        h.update(d)
+    print(json.dumps({"got": n, "sha256": h.hexdigest()}), flush=True)
+    c.close()
+"""
+HALF_CLOSE_CLIENT = r"""
+import hashlib, json, socket, sys
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+first = b""
+for _ in range(100):
+    d = c.recv(65536)
+    if not d:
+        break
+    first += d
+data = bytes(range(256)) * (int(sys.argv[3]) // 256)
+c.sendall(data)
+c.shutdown(socket.SHUT_WR)
+rest = c.recv(1)
+c.close()
+print(json.dumps({"first": first.decode(), "after_eof": len(rest),
+                  "sha256": hashlib.sha256(data).hexdigest()}), flush=True)
+"""
+HALF_CLOSE_PORT = 9200
 
 
 def deny_policy(name, **match):
@@ -105,6 +149,39 @@ class SameNode(ClusterCase):
                 self.assertEqual(label_sets(fast_metrics, name), label_sets(tunnel_metrics, name),
                                  "the fast path's %s series differ from the tunnel's" % name)
                 self.assertEqual(len(label_sets(fast_metrics, name)), 2, "one per reporter")
+
+    def test_payloads_from_1_byte_to_64_MiB_arrive_intact_and_are_counted(self):
+        sizes = [1, 1000, 65537, 64 * MiB]
+        for size in sizes:
+            self.talk(self.client, self.echo_a(), size)
+            line = self.access_lines(self.a, "direction=inbound", "path=same-node",
+                                     "bytes_sent=%d " % size)
+            self.assertTrue(line, "no fast-path access line with bytes_sent=%d" % size)
+        self.assertEqual(metric_value(self.a.metrics(), "sockmesh_same_node_fast_path_total"),
+                         len(sizes))
+
+    def test_the_server_half_closes_first_and_still_reads_what_the_client_sends(self):
+        import cluster
+        echo_a = self.pods["echo-a"]
+        server = echo_a.spawn("half-close", [cluster.PYTHON, "-c",
+                                             HALF_CLOSE_SERVER % HALF_CLOSE_PORT])
+        wait_until("the half-close server to listen",
+                   lambda: ":%d " % HALF_CLOSE_PORT in echo_a.sh(["ss", "-Hltn"]), 10)
+        size = 4 * MiB
+        out = self.client.sh([cluster.PYTHON, "-c", HALF_CLOSE_CLIENT, echo_a.ip,
+                              str(HALF_CLOSE_PORT), str(size)], timeout=60)
+        sent = json.loads(out.strip().splitlines()[-1])
+        self.assertEqual(sent["first"], "bye", "the server's bytes before its FIN: %s" % sent)
+        got = wait_until("the server's report", lambda: [
+            json.loads(ln) for ln in server.log().splitlines() if ln.startswith("{")], 10)[-1]
+        self.assertEqual(got, {"got": size, "sha256": sent["sha256"]},
+                         "what the server read after its own FIN")
+        self.assertEqual(sent["after_eof"], 0)
+        line = self.access_lines(self.a, "direction=outbound", "path=same-node",
+                                 "dst.addr=%s:%d" % (echo_a.ip, HALF_CLOSE_PORT))
+        self.assertTrue(line, "the connection did not take the fast path")
+        self.assertEqual(field(line[-1], "bytes_sent"), str(size))
+        self.assertEqual(field(line[-1], "bytes_recv"), "3")
 
     def test_a_deny_policy_refuses_a_same_node_connection_and_closes_a_live_one(self):
         client, echo_a = self.client, self.pods["echo-a"]
