@@ -468,7 +468,7 @@ class ClusterBench:
         o = self.o
         topos = [t for t in TOPOLOGIES if any(x.topo == t[0] for x in self.combos)]
         paths = [p for p in PATHS if any(x.path == p[0] for x in self.combos)]
-        colours = {"nomesh": "#8c8c8c", "bypass": "#2ca02c", "nobypass": "#1f77b4",
+        colours = {"nomesh": "#8c8c8c", "bypass": "#2ca02c", "nofast": "#ff7f0e", "nobypass": "#1f77b4",
                    "iptables": "#d62728", "basebypass": "#98df8a", "basenobypass": "#aec7e8"}
         panels = [("tp1", "1 stream, Gbit/s (higher is better)"),
                   ("tp8", "%d streams, Gbit/s (higher is better)" % o.streams),
