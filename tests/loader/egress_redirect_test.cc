@@ -286,6 +286,108 @@ TEST_F(EgressRedirect, BytesQueuedInTheProxySocketBeforeTheJoinAreOvertakenWitho
          "prevent); the order was kept this time";
 }
 
+// The gate (ep_gated): the sender's bytes go into B's ingress while the proxy forwards them to C
+// and publishes its count; once the join is armed, the program switches to C's egress at the first
+// send that finds every byte of B's ingress forwarded. A stream sent across the switch arrives
+// whole and in order. `pause_us` paces the sender (0: as fast as it can).
+struct GateRun {
+  bool intact = false;
+  uint32_t switched = 0;
+  uint64_t ingressed = 0, forwarded = 0, joined = 0, misses = 0;
+};
+
+class GatedJoin : public EgressRedirect {
+ protected:
+  GateRun run(int pause_us, uint32_t arm = 1) {
+    GateRun out;
+    int gated = bpf_map__fd(skel_->maps.ep_gated_sources);
+    EXPECT_EQ(bpf_prog_attach(bpf_program__fd(skel_->progs.ep_gated), gated, BPF_SK_MSG_VERDICT, 0),
+              0)
+        << strerror(errno);
+    uint32_t a_port = local_port(a_.get()), i0 = 0;
+    uint64_t a = static_cast<uint64_t>(a_.get()), b = static_cast<uint64_t>(b_.get()),
+             c = static_cast<uint64_t>(c_.get());
+    EXPECT_EQ(bpf_map_update_elem(bpf_map__fd(skel_->maps.ep_ingress), &a_port, &b, BPF_ANY), 0);
+    EXPECT_EQ(bpf_map_update_elem(bpf_map__fd(skel_->maps.ep_targets), &a_port, &c, BPF_ANY), 0);
+    EXPECT_EQ(bpf_map_update_elem(gated, &i0, &a, BPF_ANY), 0);
+    auto* g = skel_->bss;
+    auto stream = testing::pattern(32 * kMiB, 10);
+    constexpr size_t kChunk = 64 * 1024;
+    std::thread sender([&] {
+      for (size_t off = 0; off < stream.size(); off += kChunk) {
+        if (!testing::send_all(a_.get(), stream.data() + off, kChunk)) break;
+        // The proxy arms the join mid-stream (from the sender's thread, so that it is mid-stream
+        // whatever the sender's speed).
+        if (off + kChunk == 4 * kMiB) __atomic_store_n(&g->ep_armed, arm, __ATOMIC_SEQ_CST);
+        if (pause_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+      }
+    });
+    std::atomic<bool> stop{false};
+    std::thread forwarder([&] {
+      std::vector<uint8_t> buf(256 * 1024);
+      uint64_t forwarded = 0;
+      auto deadline = Clock::now() + std::chrono::seconds(30);
+      while (!stop && Clock::now() < deadline) {
+        pollfd p{b_.get(), POLLIN, 0};
+        poll(&p, 1, 20);
+        ssize_t n = recv(b_.get(), buf.data(), buf.size(), MSG_DONTWAIT);
+        if (n == 0) break;
+        if (n < 0) continue;  // EAGAIN: a psock's wake-up without data
+        if (!testing::send_all(c_.get(), buf.data(), static_cast<size_t>(n))) break;
+        forwarded += static_cast<uint64_t>(n);
+        __atomic_store_n(&g->ep_forwarded, forwarded, __ATOMIC_SEQ_CST);  // after the write
+      }
+    });
+    std::vector<uint8_t> got(stream.size());
+    bool received = testing::recv_exact(d_.get(), got.data(), got.size(), 30000);
+    sender.join();
+    stop = true;
+    forwarder.join();
+    out.intact = received && got == stream;
+    out.switched = __atomic_load_n(&g->ep_switched, __ATOMIC_SEQ_CST);
+    out.ingressed = __atomic_load_n(&g->ep_ingressed, __ATOMIC_SEQ_CST);
+    out.forwarded = __atomic_load_n(&g->ep_forwarded, __ATOMIC_SEQ_CST);
+    out.joined = __atomic_load_n(&g->ep_joined, __ATOMIC_SEQ_CST);
+    out.misses = __atomic_load_n(&g->ep_egress_misses, __ATOMIC_SEQ_CST);
+    std::cout << "  gated join (arm " << arm << "), sender pause " << pause_us
+              << " us per 64 KiB: switched " << out.switched << " after " << mib(out.ingressed)
+              << " MiB through the proxy, " << mib(out.joined)
+              << " MiB joined in the kernel, intact " << out.intact << "\n";
+    return out;
+  }
+};
+
+TEST_F(GatedJoin, AStreamSentAcrossThePacedSwitchArrivesWholeAndInOrder) {
+  auto r = run(1000);
+  EXPECT_TRUE(r.intact);
+  EXPECT_EQ(r.switched, 1u) << "the forwarder never caught up with a paced sender";
+  EXPECT_EQ(r.forwarded, r.ingressed) << "bytes left behind in the proxy socket";
+  EXPECT_EQ(r.ingressed + r.joined, 32 * kMiB);
+  EXPECT_EQ(r.misses, 0u);
+}
+
+// A sender that never pauses may keep the proxy socket's ingress queue non-empty: the switch then
+// comes late or never, but whatever happens the stream stays whole and in order.
+TEST_F(GatedJoin, AStreamFromAnUnpacedSenderStaysInOrderWhetherOrNotItSwitches) {
+  auto r = run(0);
+  EXPECT_TRUE(r.intact);
+  EXPECT_EQ(r.forwarded, r.ingressed);
+  EXPECT_EQ(r.ingressed + r.joined, 32 * kMiB);
+}
+
+// Armed to drain through the stack (ep_armed 2): from the arming on, the sender's bytes take TCP
+// into B (behind what B's ingress queue holds, which a read empties first), so that B's window
+// stops the sender. The stream stays whole and in order, but that does not bring the switch to a
+// sender that never pauses: the program counts bytes when they are sent, including those still in
+// the sender's own TCP queue, so "all forwarded" holds only once the sender has stopped sending
+// and everything arrived, which for such a sender is after its last byte (no switch was seen).
+TEST_F(GatedJoin, DrainingThroughTheStackKeepsAnUnpacedStreamInOrder) {
+  auto r = run(0, 2);
+  EXPECT_TRUE(r.intact);
+  EXPECT_EQ(r.forwarded, r.ingressed);
+  EXPECT_EQ(r.ingressed + r.joined, 32 * kMiB);
+}
+
 // FIN and RST are not redirected: each reaches the proxy socket of its own pair, and the other pair
 // hears of it only when the proxy passes it on (a half-close, or a reset of its own).
 TEST_F(EgressRedirect, AFinStopsAtTheProxySocketUntilTheProxyHalfClosesTheOtherSide) {
