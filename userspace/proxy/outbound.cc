@@ -70,8 +70,7 @@ void serve_same_node(ProxyContext& ctx, Worker& worker,
   in_access.dst_addr = target.to_string();
   in_access.path = "same-node";
   ConnectionView in_view;
-  in_view.source = snap.workload_by_ip(client_addr.ip);
-  if (in_view.source == nullptr) in_view.source = view.source;
+  in_view.source = snap.workload_by_ip(client_addr.ip);  // as InboundHbone: the mesh's view
   in_view.source_principal = view.source_principal;
   in_view.destination = &dst;
   in_view.destination_principal = dst.identity();
