@@ -10,7 +10,10 @@ node-a ("same node"), for four paths, measured interleaved in one run:
   (1) no mesh         pods in a namespace not labelled for the mesh: plain pod -> pod TCP
   (2) sockmesh        the namespace is labelled: tc capture in each pod's netns, the sockmap
                       bypass on the app <-> proxy hops, HBONE (mTLS HTTP/2 CONNECT) between the
-                      proxies' in-pod sockets
+                      proxies' in-pod sockets; on the same node the same-node fast path (the
+                      proxy authorizes and dials the server pod itself: no HBONE to itself)
+  (2f) fast path off  as (2), same node only, with --same-node-fast-path false: the HBONE hop
+                      to the proxy's own 15008 that (2) skips
   (3) no bypass       the same, on a cluster installed without the bypass (Cluster(bypass=False))
   (4) iptables        the same proxy and ZDS hand-over, but the pods' tc capture is detached after
                       enrollment and the pod netns gets Istio's iptables rules instead: nat OUTPUT
@@ -19,7 +22,7 @@ node-a ("same node"), for four paths, measured interleaved in one run:
                       app's replies to the proxy's source-preserving (transparent) socket back
                       over lo. The proxy takes the original destination from SO_ORIGINAL_DST.
 
-Each of (2), (3), (4) runs on a cluster of its own (so each has its own two node proxies); (1)
+Each of (2), (2f), (3), (4) runs on a cluster of its own (so each has its own two node proxies); (1)
 shares the cluster of (4), which has no BPF on its pods' datapath once tc is detached.
 
 Per path and topology: throughput with 1 stream and with 8 streams, 1 KiB request/response round
@@ -66,6 +69,7 @@ IPT_RULE_PRIORITY = 31990
 PATHS = [
     ("nomesh", "(1) no mesh"),
     ("bypass", "(2) sockmesh: tc + sockmap bypass"),
+    ("nofast", "(2f) as (2), --same-node-fast-path false"),
     ("nobypass", "(3) sockmesh: tc, no bypass"),
     ("iptables", "(4) sockmesh fed by iptables REDIRECT"),
     # --baseline-rev / --baseline-build: (2) and (3) again, on the binaries of another build.
@@ -126,10 +130,12 @@ class ClusterBench:
         if time.time() - self.t0 > self.o.max_seconds:
             raise BenchError("over the time budget of %d s (--max-seconds)" % self.o.max_seconds)
 
-    def new_cluster(self, what, bypass, build=None):
-        log("cluster for %s (bypass=%s%s): nodes, CNI, agents, proxies" % (
-            what, bypass, ", binaries of " + build if build else ""))
-        c = self.lib.Cluster(bypass=bypass, log=lambda m: log("  " + m), build=build)
+    def new_cluster(self, what, bypass, build=None, proxy_extra=()):
+        log("cluster for %s (bypass=%s%s%s): nodes, CNI, agents, proxies" % (
+            what, bypass, ", binaries of " + build if build else "",
+            ", proxies with " + " ".join(proxy_extra) if proxy_extra else ""))
+        c = self.lib.Cluster(bypass=bypass, log=lambda m: log("  " + m), build=build,
+                             proxy_extra=proxy_extra)
         self.made.append(c)
         return c
 
@@ -194,13 +200,14 @@ class ClusterBench:
 
     def setup(self):
         o = self.o
-        specs = [("bypass", True), ("nobypass", False), ("iptables", False),
+        specs = [("bypass", True), ("nofast", True), ("nobypass", False), ("iptables", False),
                  ("basebypass", True), ("basenobypass", False)]
         for path, bypass in specs:
             if path not in o.paths and not (path == "iptables" and "nomesh" in o.paths):
                 continue
             self.check_budget()
-            c = self.new_cluster(path, bypass, o.baseline_build if path in BASELINE_PATHS else None)
+            c = self.new_cluster(path, bypass, o.baseline_build if path in BASELINE_PATHS else None,
+                                 ["--same-node-fast-path", "false"] if path == "nofast" else ())
             if path == "iptables":
                 c.label_namespace("plain", False)
             c.label_namespace("mesh-" + path, True)
@@ -223,7 +230,8 @@ class ClusterBench:
                 for pod in (same, cross):
                     self.serve(pod)
                 for topo, server in (("cross", cross), ("same", same)):
-                    if topo in o.topologies:
+                    # (2f) differs from (2) on the same node only.
+                    if topo in o.topologies and (key != "nofast" or topo == "same"):
                         self.combos.append(Combo(key, topo, c, client, server))
         order = {k: i for i, (k, _) in enumerate(PATHS)}
         self.combos.sort(key=lambda x: (order[x.path], [t for t, _ in TOPOLOGIES].index(x.topo)))
@@ -262,7 +270,7 @@ class ClusterBench:
         """Counters that show each path went the way its label says: the loader's counters for
         the tc paths, the REDIRECT rule's packets for the iptables path."""
         ev = {}
-        for path in ("bypass", "nobypass", "iptables"):
+        for path in ("bypass", "nofast", "nobypass", "iptables"):
             c = self.clusters.get(path)
             if c is None or path not in self.o.paths:
                 continue
@@ -278,9 +286,14 @@ class ClusterBench:
                     if in_counters and len(parts) >= 2 and parts[1].isdigit():
                         counts[parts[0]] = counts.get(parts[0], 0) + int(parts[1])
             try:
-                counts["hbone_connections_accepted(destination reporter)"] = int(sum(
-                    self.lib.metric_value(n.metrics(), "istio_tcp_connections_opened_total",
-                                          reporter="destination") for n in c.nodes))
+                texts = [n.metrics() for n in c.nodes]
+                # (The destination reporter also counts same-node fast-path connections.)
+                counts["connections_accepted(destination reporter)"] = int(sum(
+                    self.lib.metric_value(t, "istio_tcp_connections_opened_total",
+                                          reporter="destination") for t in texts))
+                counts["same_node_fast_path"] = int(sum(
+                    self.lib.metric_value(t, "sockmesh_same_node_fast_path_total")
+                    for t in texts))
             except self.lib.ClusterError as e:
                 self.notes.append("(metrics of %s unreadable: %s)" % (path, e))
             if path == "iptables":
@@ -324,7 +337,7 @@ class ClusterBench:
                             node.name, c.id, node.proxy.log()[-3000:]))
         ev1 = self.evidence()
         rss = {}
-        for path in ("bypass", "nobypass", "iptables"):
+        for path in ("bypass", "nofast", "nobypass", "iptables"):
             c = self.clusters.get(path)
             if c is not None and path in o.paths:
                 rss[path] = {n.name: rss_kib(n.proxy.pid) for n in c.nodes}
@@ -455,7 +468,7 @@ class ClusterBench:
         o = self.o
         topos = [t for t in TOPOLOGIES if any(x.topo == t[0] for x in self.combos)]
         paths = [p for p in PATHS if any(x.path == p[0] for x in self.combos)]
-        colours = {"nomesh": "#8c8c8c", "bypass": "#2ca02c", "nobypass": "#1f77b4",
+        colours = {"nomesh": "#8c8c8c", "bypass": "#2ca02c", "nofast": "#ff7f0e", "nobypass": "#1f77b4",
                    "iptables": "#d62728", "basebypass": "#98df8a", "basenobypass": "#aec7e8"}
         panels = [("tp1", "1 stream, Gbit/s (higher is better)"),
                   ("tp8", "%d streams, Gbit/s (higher is better)" % o.streams),
@@ -538,8 +551,9 @@ class ClusterBench:
 def parse_args(argv):
     ap = bench_arguments(__doc__, ROOT, "smaller transfers and fewer round trips (about 2 min)",
                          "repetitions (default 3)", "MiB for the 1-stream run (8 streams: twice)")
-    ap.add_argument("--paths", default="nomesh,bypass,nobypass,iptables",
-                    help="comma list of: nomesh, bypass, nobypass, iptables")
+    ap.add_argument("--paths", default="nomesh,bypass,nofast,nobypass,iptables",
+                    help="comma list of: nomesh, bypass, nofast (same node only), nobypass, "
+                    "iptables")
     ap.add_argument("--topologies", default="cross,same", help="comma list of: cross, same")
     ap.add_argument("--out", help="Markdown file (default bench/results/cluster-<time>.md)")
     ap.add_argument("--max-seconds", type=int, help="time budget of the whole run")

@@ -158,7 +158,7 @@ def demo(keep, containers=False, xds=False, dual_stack=True):
         check(client.identity.split("/sa/")[1] in out, "no record for the client's identity")
 
         before = {n.name: n.metrics() for n in c.nodes}
-        step("4/8 pod -> pod on the same node (client -> echo-a, HBONE inside node-a)")
+        step("4/8 pod -> pod on the same node (client -> echo-a: the same-node fast path, no HBONE)")
         flow("client -> %s:8080" % echo_a.ip, client, "%s:8080" % echo_a.ip, MiB, "shop/echo-a")
         for ln in access(a, "direction=inbound", "dst.addr=%s:8080" % echo_a.ip)[:1]:
             say("node-a access: " + short_access(ln))

@@ -27,12 +27,14 @@ class Flows(ClusterCase):
         out_a = self.a.datapath_counter("captured_outbound")
         in_a = self.a.datapath_counter("captured_inbound")
 
-        # 1. pod -> pod on one node: HBONE to echo-a's own 15008.
+        # 1. pod -> pod on one node: the same-node fast path (no HBONE to the proxy's own
+        # 15008; the tunnel it replaces is compared in test_cluster_same_node.py).
         r = self.talk(client, "%s:%d" % (echo_a.ip, APP_PORT), 2 * MiB)
         self.assertEqual(r["servers"], ["shop/echo-a"])
         line = self.access_lines(self.a, "direction=inbound", "dst.addr=%s:8080" % echo_a.ip)
-        self.assertTrue(line, "node-a's proxy logged no inbound HBONE line for echo-a")
-        self.assertIn("dst.hbone_addr=%s:15008" % echo_a.ip, line[0])
+        self.assertTrue(line, "node-a's proxy logged no inbound line for echo-a")
+        self.assertIn(" path=same-node", line[0])
+        self.assertNotIn("dst.hbone_addr", line[0])
         self.assertIn("src.identity=%s" % client.identity, line[0])
         # (bytes_sent: what reached the app; bytes_recv adds its greeting line to the echo.)
         self.assertIn("bytes_sent=%d" % (2 * MiB), line[0])
@@ -81,7 +83,7 @@ class Flows(ClusterCase):
 
     def test_apps_see_the_client_pods_own_address_same_node_and_across_nodes(self):
         client = self.client
-        for target in ("%s:%d" % (self.pods["echo-a"].ip, APP_PORT),      # same node, HBONE
+        for target in ("%s:%d" % (self.pods["echo-a"].ip, APP_PORT),      # same node, fast path
                        "%s:80" % ECHO_VIP,                                 # across, via VIP
                        "%s:%d" % (self.pods["echo-b"].ip, APP_PORT),      # across, direct
                        "%s:%d" % (self.pods["legacy-b"].ip, APP_PORT)):   # passthrough

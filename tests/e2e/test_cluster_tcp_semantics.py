@@ -8,7 +8,8 @@ One cluster (cluster.demo_topology, without the echo servers) serves every test 
 classes run it with the sockmap bypass on and off. Probes: scripts/lib/tcpcheck.py.
 
 Paths (source pod -> destination pod):
-  same-node          shop/client -> shop/echo-a      (HBONE to a pod of the same node)
+  same-node          shop/client -> shop/echo-a      (a pod of the same node: the same-node fast
+                                                      path, no HBONE; test_zy checks it)
   cross-node         shop/client -> shop/echo-b      (HBONE across the node link)
   passthrough        shop/client -> legacy/legacy-b  (mesh -> outside the mesh, plain TCP)
   inbound-plaintext  legacy/legacy-b -> shop/echo-a  (outside -> mesh, captured on 15006)
@@ -283,6 +284,16 @@ class TcpSemantics(unittest.TestCase):
                 except cluster.ClusterError:
                     self.fail("%s on %s still holds entries after every connection closed: %s" % (
                         name, node.name, node.bpftool_dump(name)[:5]))
+
+    def test_zy_the_same_node_path_took_the_fast_path(self):
+        # Runs after the probes (unittest sorts by name): "same-node" above is the same-node fast
+        # path (--same-node-fast-path is on by default), not HBONE to node-a's own 15008.
+        node, echo_a = self.proxy_of("client"), self.pods["echo-a"]
+        fast = cluster.metric_value(node.metrics(), "sockmesh_same_node_fast_path_total")
+        self.assertGreater(fast, 0, "no connection took the same-node fast path")
+        tunnelled = [ln for ln in node.proxy.log().splitlines()
+                     if " access " in ln and "dst.hbone_addr=%s:" % echo_a.ip in ln]
+        self.assertEqual(tunnelled, [], "same-node connections went through HBONE")
 
     def test_zz_no_pairing_note_or_bypass_entry_outlives_the_connections(self):
         # Runs last (unittest sorts by name): every probe of this class has ended by then.

@@ -389,7 +389,12 @@ class ZdsEndToEnd : public ::testing::Test {
                                            "--drain-timeout-ms",
                                            "500",
                                            "--log-level",
-                                           "info"},
+                                           "info",
+                                           // Both pods are this proxy's: most tests here prove
+                                           // the in-pod HBONE path, which the same-node fast
+                                           // path would skip (test_cluster_same_node.py).
+                                           "--same-node-fast-path",
+                                           fast_path_ ? "true" : "false"},
                   tmp_.path() + "/proxy-" + std::to_string(proxy_runs_) + ".log");
     return &**into;
   }
@@ -428,6 +433,7 @@ class ZdsEndToEnd : public ::testing::Test {
   std::unique_ptr<ScopedNetns> pod_a_, pod_b_;
   std::string zds_socket_;
   int proxy_runs_ = 0;
+  bool fast_path_ = false;  // --same-node-fast-path of the next start_proxy()
   std::optional<ProxyProcess> proxy_;
   std::unique_ptr<agent::ZdsServer> agent_;
 };
@@ -648,6 +654,38 @@ TEST_F(ZdsEndToEnd, AfterAProxyRestartItReconnectsGetsTheSnapshotAndTrafficFlows
   EXPECT_EQ(app_b.accepted(), 2);
   EXPECT_EQ(server.accepted(), 1);
   EXPECT_FALSE(lines_with(proxy_->log(), {"snapshot received: 2 pod(s)"}).empty()) << proxy_->log();
+}
+
+// The same-node fast path in in-pod mode, IPv4 and IPv6: pods known as local only from the
+// workload map, so the fast path's identities come from there too; no HBONE stream is opened.
+TEST_F(ZdsEndToEnd, WithTheFastPathPodToPodSkipsHboneOverIpv4AndIpv6) {
+  uint64_t sessions = agent_->sessions();
+  ASSERT_EQ(proxy_->stop(), 0);
+  fast_path_ = true;
+  start_proxy();
+  ASSERT_TRUE(agent_->wait_connected(20s, sessions + 1)) << proxy_->log();
+  EchoServer app_b(pod_b_->path(), Endpoint{kPodB, kAppPort});
+  EchoServer app_b6(pod_b_->path(), Endpoint{kPodB6, kAppPort});
+  app_in_a_talks_to(Endpoint{kPodB, kAppPort}, size_t{1} << 20, 14);
+  app_in_a_talks_to(Endpoint{kPodB6, kAppPort}, 256 * 1024, 15);
+  ASSERT_EQ(app_b.connections().size(), 1u);
+  EXPECT_EQ(app_b.connections()[0].first.ip, kPodA) << "B's app sees A's address";
+  ASSERT_EQ(app_b6.connections().size(), 1u);
+  EXPECT_EQ(app_b6.connections()[0].first.ip, kPodA6);
+  for (std::string dst : {"dst.addr=10.201.2.2:8080", "dst.addr=[fd00:201:2::2]:8080"}) {
+    for (std::string dir : {"direction=outbound", "direction=inbound"}) {
+      ASSERT_TRUE(eventually([&] {
+        return !lines_with(proxy_->log(), {"access", dir, dst, "path=same-node"}).empty();
+      })) << "no " << dir << " fast-path line for " << dst << "\n"
+          << proxy_->log();
+      auto line = lines_with(proxy_->log(), {"access", dir, dst}).front();
+      EXPECT_NE(line.find(std::string("src.identity=") + kIdentityA), std::string::npos) << line;
+      EXPECT_NE(line.find(std::string("dst.identity=") + kIdentityB), std::string::npos) << line;
+      EXPECT_EQ(line.find("dst.hbone_addr"), std::string::npos) << line;
+    }
+  }
+  std::string m = metrics();
+  EXPECT_FALSE(lines_with(m, {"sockmesh_same_node_fast_path_total 2"}).empty()) << m;
 }
 
 // An upgrade: a new proxy connects while the old one still runs. The agent gives it the snapshot,

@@ -267,6 +267,9 @@ const std::map<std::string, std::pair<Setter, const char*>>& flags() {
       {"splice-passthrough", {[](const std::string& v, Options* o) {
                                 return parse_bool(v, &o->proxy.splice_passthrough);
                               }, "relay plain TCP (passthrough, inbound plaintext) with splice(2), copying only where the sockmap bypass needs it (default true)"}},
+      {"same-node-fast-path", {[](const std::string& v, Options* o) {
+                                 return parse_bool(v, &o->proxy.same_node_fast_path);
+                               }, "a connection between two workloads this proxy serves is authorized here and relayed straight to the server pod, without HBONE to itself (default true)"}},
       {"kept-source-ports", {[](const std::string& v, Options* o) -> std::optional<std::string> {
                                auto dash = v.find('-');
                                long long low = 0, high = 0;

@@ -36,6 +36,7 @@ std::string format_access(const AccessRecord& r) {
   field(out, "dst.namespace", r.dst_namespace);
   field(out, "dst.identity", r.dst_identity);
   field(out, "direction", r.direction);
+  field(out, "path", r.path);
   out.append(" bytes_sent=").append(std::to_string(r.bytes_sent));
   out.append(" bytes_recv=").append(std::to_string(r.bytes_recv));
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(

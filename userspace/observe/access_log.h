@@ -15,6 +15,9 @@ struct AccessRecord {
   std::string src_identity;
   std::string dst_addr;
   std::string dst_hbone_addr;  // set when the connection went through a tunnel
+  // How the bytes went when it is not the usual way: "same-node" for the same-node fast path
+  // (no tunnel: both ends are workloads of this proxy). Empty: not printed.
+  std::string path;
   std::string dst_service;
   std::string dst_workload;
   std::string dst_namespace;

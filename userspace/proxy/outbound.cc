@@ -5,6 +5,7 @@
 #include "base/log.h"
 #include "net/relay.h"
 #include "net/sockets.h"
+#include "policy/authorize.h"
 #include "proxy/connection_record.h"
 #include "proxy/context.h"
 #include "proxy/dial.h"
@@ -38,6 +39,101 @@ void fail_client(const std::shared_ptr<ConnectionRecord>& record,
   } else {
     net::close_with_reset(*client);
   }
+}
+
+// The same-node fast path: the destination `dst` is a workload this proxy serves, so the HBONE
+// hop to its own 15008 would only encrypt to itself. Instead the connection is authorized here as
+// the inbound side authorizes a CONNECT (policy::authorize, the source identity from the workload
+// map), dialled into the server pod as the inbound side dials the app (the client's IP, the
+// to-app mark, the pod's netns), and relayed as plain TCP. Both reporters' metrics and access-log
+// lines are written, as the tunnel writes them; the lines say path=same-node.
+void serve_same_node(ProxyContext& ctx, Worker& worker,
+                     const std::shared_ptr<ConnectionRecord>& out_record, ConnectionView view,
+                     const state::Snapshot& snap, const state::Workload& dst,
+                     const Endpoint& client_addr, const Endpoint& target,
+                     const Outbound::ClientSocket& client, const Outbound::Ready& ready,
+                     net::TcpRelay::ReadPaused client_paused) {
+  ctx.metrics
+      ->counter("sockmesh_same_node_fast_path_total",
+                "Outbound connections to a workload of this proxy served without a tunnel "
+                "(--same-node-fast-path)")
+      .inc();
+  view.destination_principal = dst.identity();
+  view.mutual_tls = true;  // both identities are the proxy's own knowledge, as over its tunnel
+  out_record->access().path = "same-node";
+  out_record->identify(observe::Reporter::kSource, view);
+
+  // The inbound half, as InboundHbone records a CONNECT from this client.
+  auto in_record = std::make_shared<ConnectionRecord>(ctx, worker, "inbound");
+  auto& in_access = in_record->access();
+  in_access.src_addr = client_addr.to_string();
+  in_access.dst_addr = target.to_string();
+  in_access.path = "same-node";
+  ConnectionView in_view;
+  in_view.source = snap.workload_by_ip(client_addr.ip);  // as InboundHbone: the mesh's view
+  in_view.source_principal = view.source_principal;
+  in_view.destination = &dst;
+  in_view.destination_principal = dst.identity();
+  in_view.mutual_tls = true;
+  in_record->identify(observe::Reporter::kDestination, in_view);
+
+  auto facts =
+      policy::ConnectionFacts::make(client_addr.ip, view.source_principal, target.ip, target.port);
+  auto verdict = policy::authorize(snap, dst, facts);
+  if (!verdict.allowed) {
+    std::string reason = "not authorized: " + verdict.reason;
+    SM_INFO("outbound") << "same-node " << client_addr.to_string() << " -> " << target.to_string()
+                        << " denied: " << verdict.reason;
+    in_record->finish(reason, ResponseFlags::kAuthorizationPolicyDenied);
+    fail_client(out_record, client, ready,
+                {false, reason, ResponseFlags::kAuthorizationPolicyDenied, true, false});
+    return;
+  }
+
+  net::DialOptions opts;
+  if (ctx.config.preserve_source_ip) opts.source = client_addr.ip;
+  opts.kept_source_ports = ctx.config.kept_source_ports;
+  opts.mark = ctx.config.mark_to_app;
+  opts.netns = ctx.pod_netns.find(target.ip);  // in-pod mode: dial from the server pod's netns
+  std::string dst_uid = dst.uid;
+  dial(worker.io(), target, opts, ctx.config.connect_timeout,
+       [&ctx, out_record, in_record, client, ready, client_paused, facts, dst_uid](
+           DialResult r, Tcp::socket upstream) mutable {
+         if (!r.ok) {
+           in_record->finish(r.error, ResponseFlags::kConnectionFailure);
+           fail_client(out_record, client, ready,
+                       {false, r.error, ResponseFlags::kConnectionFailure, false, true});
+           return;
+         }
+         // The upstream socket is the server app's peer; sockops paired the two at connect.
+         auto app_paused = ctx.bypass_read_paused(upstream.native_handle());
+         auto start = [&ctx, out_record, in_record, client, facts, dst_uid,
+                       client_paused = std::move(client_paused), app_paused = std::move(app_paused),
+                       up = std::make_shared<Tcp::socket>(std::move(upstream))]() mutable {
+           auto count_out = count_bytes(out_record, /*forward_is_outgoing=*/true);
+           auto count_in = count_bytes(in_record, /*forward_is_outgoing=*/true);
+           auto done_out = finish_when_done<net::TcpRelay::Result>(out_record);
+           auto done_in = finish_when_done<net::TcpRelay::Result>(in_record);
+           auto relay = start_plain_relay(
+               ctx, std::move(*client), std::move(*up), std::move(client_paused),
+               std::move(app_paused),
+               [done_out, done_in](const net::TcpRelay::Result& res) {
+                 done_in(res);
+                 done_out(res);
+               },
+               [count_out, count_in](bool forward, size_t n) {
+                 count_out(forward, n);
+                 count_in(forward, n);
+               });
+           // The live re-check closes it when a policy change denies it, as an inbound one.
+           in_record->track(dst_uid, facts, std::move(relay.abort));
+         };
+         if (ready) {
+           ready(OutboundOutcome{true}, client, std::move(start));
+         } else {
+           start();
+         }
+       });
 }
 
 }  // namespace
@@ -138,6 +234,17 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
            }
          });
     return;
+  }
+
+  if (ctx.config.same_node_fast_path) {
+    // A workload this proxy serves: in in-pod mode only once its netns was handed over.
+    const state::Workload* local = ctx.local_workload(*snap, route.target.ip);
+    if (local != nullptr &&
+        (ctx.config.zds_socket.empty() || ctx.pod_netns.find(route.target.ip))) {
+      serve_same_node(ctx, worker, record, view, *snap, *local, client_addr, route.target,
+                      client_ptr, ready, std::move(read_paused));
+      return;
+    }
   }
 
   // HBONE tunnel to the destination workload's node.

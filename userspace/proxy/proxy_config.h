@@ -75,6 +75,10 @@ struct ProxyConfig {
   // Plain TCP relays (passthrough, inbound plaintext) move bytes with splice(2) where the sockmap
   // bypass allows it (see proxy/plain_relay.h); false: always copy through user space.
   bool splice_passthrough = true;
+  // An outbound connection whose destination is a workload this proxy serves (on this node) is
+  // authorized as the inbound side would and dialled straight into the server pod, instead of
+  // through HBONE to the proxy's own 15008 (proxy/same_node.h). false: always the tunnel.
+  bool same_node_fast_path = true;
   // The source ports of those dials (the client's port is not kept: see net/source_port.h).
   net::PortRange kept_source_ports;
   // SO_MARK of the proxy's sockets, as bpf/include/sockmesh/consts.h defines them: tc never

@@ -1,0 +1,118 @@
+"""The same-node fast path outside in-pod mode: node A's SOCKS5 client connects to a second
+workload local to node A (the config says so), on loopback. With --same-node-fast-path (default)
+node A authorizes and dials it itself, logging both sides with path=same-node and counting both
+reporters; with the flag off the same connection goes through HBONE to A's own 15008. A Deny
+policy refuses it (SOCKS5 'not allowed by ruleset') and closes a live one."""
+import os
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness  # noqa: E402
+from harness import EchoServer, TwoNodeMesh, transfer_and_check, wait_until  # noqa: E402
+
+DENY_CLIENT_TO_LOCAL = """- name: deny-client
+  namespace: default
+  scope: Namespace
+  action: Deny
+  rules:
+  - - - principals: ["cluster.local/ns/default/sa/client"]
+"""
+
+
+class SameNode(unittest.TestCase):
+    extra_a = ()
+
+    def setUp(self):
+        self.mesh = TwoNodeMesh(extra_a=self.extra_a)
+        self.local_ip = self.mesh.block + ".40"
+        self.mesh.extra_workloads = harness.workload_yaml(
+            "l1", "local", "default", "local", self.local_ip, "node-a") + "\n"
+        self.mesh.set_policies("")  # rewrites both configs with the extra workload
+        self.server = EchoServer(self.local_ip, 8080, mode="whoami")
+        self.mesh.start()
+
+    def tearDown(self):
+        harness.show_logs_if_failed(self, self.mesh)
+        self.mesh.stop()
+        self.server.close()
+        self.mesh.cleanup()
+
+    def access_lines(self, *needles):
+        return [ln for ln in self.mesh.a.logs().splitlines()
+                if " access " in ln and all(n in ln for n in needles)]
+
+    def talk(self, size):
+        s, rep = self.mesh.connect(self.local_ip, 8080)
+        self.assertEqual(rep, 0, "SOCKS5 reply %d" % rep)
+        peer = harness.read_line(s)
+        self.assertTrue(peer.startswith(self.mesh.client_ip + ":"), "the app saw %s" % peer)
+        self.assertTrue(transfer_and_check(s, os.urandom(size)))
+        s.close()
+
+
+class FastPath(SameNode):
+    def test_a_local_destination_is_served_without_a_tunnel_and_logged_on_both_sides(self):
+        size = 300000
+        self.talk(size)
+        target = "dst.addr=%s:8080" % self.local_ip
+        wait_until(lambda: len(self.access_lines(target, "path=same-node")) == 2,
+                   what="both access-log lines")
+        for line in self.access_lines(target):
+            self.assertIn(" path=same-node", line)
+            self.assertNotIn("dst.hbone_addr", line)
+            self.assertIn(" bytes_sent=%d " % size, line)
+            self.assertIn("src.identity=spiffe://cluster.local/ns/default/sa/client", line)
+        for reporter in ("source", "destination"):
+            self.assertEqual(self.mesh.a.metric_sum(
+                "istio_tcp_received_bytes_total", reporter=reporter,
+                destination_principal="spiffe://cluster.local/ns/default/sa/local",
+                connection_security_policy="mutual_tls"), size)
+        self.assertEqual(self.mesh.a.metric_sum("sockmesh_same_node_fast_path_total"), 1)
+        self.assertEqual(self.mesh.a.metric_sum("sockmesh_pool_connections_opened_total"), 0,
+                         "no HBONE connection was needed")
+        self.assertNotIn("direction=inbound", self.mesh.b.logs(), "node B saw nothing")
+
+    def test_a_deny_policy_refuses_a_new_connection_and_closes_a_live_one(self):
+        s, rep = self.mesh.connect(self.local_ip, 8080)
+        self.assertEqual(rep, 0)
+        harness.read_line(s)
+        s.sendall(b"ping")
+        self.assertEqual(harness.recv_exact(s, 4), b"ping")
+        self.mesh.set_policies(DENY_CLIENT_TO_LOCAL)
+        s.settimeout(10)
+        t0 = time.time()
+        try:
+            closed = s.recv(10) == b""
+        except (ConnectionResetError, OSError):
+            closed = True
+        s.close()
+        self.assertTrue(closed, "the live connection survived the Deny policy")
+        self.assertLess(time.time() - t0, 8)
+        s2, rep = self.mesh.connect(self.local_ip, 8080)
+        self.assertEqual(rep, 2, "SOCKS5 'not allowed by ruleset' for a policy denial")
+        s2.close()
+        self.assertTrue(self.access_lines("path=same-node", "policy now denies"))
+        self.assertTrue(self.access_lines("path=same-node", "direction=outbound",
+                                          "not authorized"))
+        wait_until(lambda: self.mesh.a.metric_sum(
+            "istio_tcp_connections_closed_total", response_flags="DENY") >= 2,
+            what="DENY counted by both reporters")
+
+
+class FastPathOff(SameNode):
+    extra_a = ("--same-node-fast-path", "false")
+
+    def test_a_local_destination_goes_through_the_proxys_own_15008(self):
+        self.talk(100000)
+        wait_until(lambda: len(self.access_lines("dst.addr=%s:8080" % self.local_ip)) == 2,
+                   what="both access-log lines")
+        for line in self.access_lines("dst.addr=%s:8080" % self.local_ip):
+            self.assertNotIn(" path=", line)
+            self.assertIn("dst.hbone_addr=%s:15008" % self.local_ip, line)
+        self.assertEqual(self.mesh.a.metric_sum("sockmesh_same_node_fast_path_total"), 0)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
