@@ -30,21 +30,23 @@ class DualStack(ClusterCase):
     proxy_extra = ("--dns-proxy", "on", "--dns-upstream", "10.244.2.11",
                    "--dns-upstream-timeout", "1s")
 
-    def test_ipv6_pod_to_pod_and_to_the_v6_vip_go_through_hbone_with_v6_addresses(self):
+    def test_ipv6_pod_to_pod_same_node_fast_path_and_across_nodes_over_hbone_and_the_v6_vip(self):
         client = self.client
         echo_a, echo_b = self.pods["echo-a"], self.pods["echo-b"]
         self.assertTrue(client.ip6 and echo_b.ip6)
         out_a = self.a.datapath_counter("captured_outbound")
         bypass = self.a.datapath_counter("bypass_sends")
 
-        # Same node: HBONE to echo-a's own [v6]:15008; the app sees the client's IPv6 address.
+        # Same node: the same-node fast path (issue #16) over IPv6, authorized and logged as the
+        # inbound side would, no tunnel; the app sees the client's IPv6 address.
         r = self.talk(client, v6(echo_a.ip6, APP_PORT), 512 * 1024)
         self.assertEqual(r["servers"], ["shop/echo-a"])
         self.assertEqual(r["seen_as"], [client.ip6])
         line = self.access_lines(self.a, "direction=inbound",
                                  "dst.addr=%s" % v6(echo_a.ip6, APP_PORT))
-        self.assertTrue(line, "node-a's proxy logged no inbound HBONE line for echo-a's IPv6")
-        self.assertIn("dst.hbone_addr=%s" % v6(echo_a.ip6, 15008), line[0])
+        self.assertTrue(line, "node-a's proxy logged no inbound line for echo-a's IPv6")
+        self.assertIn("path=same-node", line[0])
+        self.assertNotIn("dst.hbone_addr", line[0])
         self.assertIn("src.addr=[%s]:" % client.ip6, line[0])
         self.assertIn("src.identity=%s" % client.identity, line[0])
 
