@@ -100,9 +100,23 @@ class FastPath(SameNode):
             "istio_tcp_connections_closed_total", response_flags="DENY") >= 2,
             what="DENY counted by both reporters")
 
+    def test_a_dry_run_deny_is_logged_and_not_enforced(self):
+        # Every admission path logs the dry-run verdict: the fast path here, inbound HBONE to
+        # A's own 15008 in FastPathOff, which runs this test too.
+        self.mesh.set_policies(DENY_CLIENT_TO_LOCAL + "  dryRun: true\n")
+        wait_until(lambda: [p["dryRun"] for p in self.mesh.a.config_dump()["policies"]] == [True],
+                   what="the dry-run policy loaded")
+        self.talk(4096)
+        wait_until(lambda: "dry run would deny: denied by policy default/deny-client "
+                   "(enforced: allow)" in self.mesh.a.logs(), what="the dry-run verdict logged")
+        self.assertEqual(self.mesh.a.metric_sum("istio_tcp_connections_closed_total",
+                                                response_flags="DENY"), 0)
+
 
 class FastPathOff(SameNode):
     extra_a = ("--same-node-fast-path", "false")
+    test_a_dry_run_deny_is_logged_and_not_enforced = \
+        FastPath.test_a_dry_run_deny_is_logged_and_not_enforced
 
     def test_a_local_destination_goes_through_the_proxys_own_15008(self):
         self.talk(100000)

@@ -9,7 +9,9 @@
 
 #include "identity/certificate.h"
 #include "net/netns.h"
+#include "net/sockets.h"
 #include "observe/metrics.h"
+#include "policy/authorize.h"
 #include "proxy/bypass_pinning.h"
 #include "proxy/connection_limits.h"
 #include "proxy/enrolled_workloads.h"
@@ -56,6 +58,15 @@ struct ProxyContext {
   // readiness, SOCKS5, outbound, inbound plaintext, a single HBONE listener), whatever their
   // ports: the same address, or any address of this host for a wildcard listener.
   bool is_own_listener(const Endpoint& dst) const;
+  // Authorizes a new connection to the local workload `dst` (policy::authorize) and logs what the
+  // dry-run policies that apply would have decided. Every admission path calls it: inbound HBONE,
+  // inbound plaintext and the same-node fast path.
+  policy::Verdict admit(const state::Snapshot& snap, const state::Workload& dst,
+                        const policy::ConnectionFacts& facts) const;
+  // How the proxy dials an app for `client` (inbound HBONE, inbound plaintext, the same-node fast
+  // path): the client's IP as the source when it is preserved, the kept source ports, the to-app
+  // mark that sockops pairs with the app, and in in-pod mode the app's own netns.
+  net::DialOptions dial_to_app(const IpAddress& client, const IpAddress& app) const;
   // For a socket towards an app, right after accept or connect: the relay's read-paused handler
   // (BypassPinning::read_paused_handler), or nullptr.
   std::function<void()> bypass_read_paused(int fd) const {

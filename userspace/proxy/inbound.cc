@@ -118,11 +118,7 @@ void handle_request(ProxyContext& ctx, Worker& worker, std::shared_ptr<InboundSe
   }
   auto facts = policy::ConnectionFacts::make(session->peer.ip, session->peer_identity, target->ip,
                                              target->port);
-  auto verdict = policy::authorize(*snap, *dst, facts);
-  if (verdict.dry_run) {
-    SM_INFO("policy") << session->peer_identity << " (" << session->peer.to_string() << ") -> "
-                      << target->to_string() << ": " << policy::dry_run_summary(verdict);
-  }
+  auto verdict = ctx.admit(*snap, *dst, facts);
   if (!verdict.allowed) {
     fail(kForbidden, "not authorized: " + verdict.reason,
          ResponseFlags::kAuthorizationPolicyDenied);
@@ -145,11 +141,7 @@ void handle_request(ProxyContext& ctx, Worker& worker, std::shared_ptr<InboundSe
   std::string fwd = forwarded_for(req);
   if (!fwd.empty()) SM_DEBUG("inbound") << "CONNECT " << req.authority << " forwarded for " << fwd;
 
-  net::DialOptions dial_opts;
-  if (ctx.config.preserve_source_ip) dial_opts.source = session->peer.ip;
-  dial_opts.kept_source_ports = ctx.config.kept_source_ports;
-  dial_opts.mark = ctx.config.mark_to_app;
-  dial_opts.netns = ctx.pod_netns.find(target->ip);  // in-pod mode: dial from the pod's netns
+  net::DialOptions dial_opts = ctx.dial_to_app(session->peer.ip, target->ip);
   std::string dst_uid = dst->uid;
   dial(worker.io(), *target, dial_opts, ctx.config.connect_timeout,
        [&ctx, &worker, stream, record, facts, dst_uid, target = *target](DialResult r,

@@ -44,11 +44,7 @@ void InboundPlaintext::handle(Worker& worker, Tcp::socket socket) {
     return;
   }
   auto facts = policy::ConnectionFacts::make(client.ip, "", dst->ip, dst->port);
-  auto verdict = policy::authorize(*snap, *wl, facts);
-  if (verdict.dry_run) {
-    SM_INFO("policy") << "plaintext " << client.to_string() << " -> " << dst->to_string() << ": "
-                      << policy::dry_run_summary(verdict);
-  }
+  auto verdict = ctx.admit(*snap, *wl, facts);
   if (!verdict.allowed) {
     SM_INFO("inbound") << "plaintext " << client.to_string() << " -> " << dst->to_string()
                        << " denied: " << verdict.reason;
@@ -56,11 +52,7 @@ void InboundPlaintext::handle(Worker& worker, Tcp::socket socket) {
     net::close_with_reset(socket);
     return;
   }
-  net::DialOptions opts;
-  if (ctx.config.preserve_source_ip) opts.source = client.ip;
-  opts.kept_source_ports = ctx.config.kept_source_ports;
-  opts.mark = ctx.config.mark_to_app;
-  opts.netns = ctx.pod_netns.find(dst->ip);  // in-pod mode: dial from the pod's netns
+  net::DialOptions opts = ctx.dial_to_app(client.ip, dst->ip);
   auto client_sock = std::make_shared<Tcp::socket>(std::move(socket));
   std::string uid = wl->uid;
   dial(worker.io(), *dst, opts, ctx.config.connect_timeout,

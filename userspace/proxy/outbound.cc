@@ -79,7 +79,7 @@ void serve_same_node(ProxyContext& ctx, Worker& worker,
 
   auto facts =
       policy::ConnectionFacts::make(client_addr.ip, view.source_principal, target.ip, target.port);
-  auto verdict = policy::authorize(snap, dst, facts);
+  auto verdict = ctx.admit(snap, dst, facts);
   if (!verdict.allowed) {
     std::string reason = "not authorized: " + verdict.reason;
     SM_INFO("outbound") << "same-node " << client_addr.to_string() << " -> " << target.to_string()
@@ -90,11 +90,7 @@ void serve_same_node(ProxyContext& ctx, Worker& worker,
     return;
   }
 
-  net::DialOptions opts;
-  if (ctx.config.preserve_source_ip) opts.source = client_addr.ip;
-  opts.kept_source_ports = ctx.config.kept_source_ports;
-  opts.mark = ctx.config.mark_to_app;
-  opts.netns = ctx.pod_netns.find(target.ip);  // in-pod mode: dial from the server pod's netns
+  net::DialOptions opts = ctx.dial_to_app(client_addr.ip, target.ip);
   std::string dst_uid = dst.uid;
   dial(worker.io(), target, opts, ctx.config.connect_timeout,
        [&ctx, out_record, in_record, client, ready, client_paused, facts, dst_uid](

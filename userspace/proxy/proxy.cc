@@ -24,6 +24,27 @@ int ProxyConfig::effective_workers() const {
   return std::max(2, static_cast<int>(cores / 4));
 }
 
+policy::Verdict ProxyContext::admit(const state::Snapshot& snap, const state::Workload& dst,
+                                    const policy::ConnectionFacts& facts) const {
+  auto verdict = policy::authorize(snap, dst, facts);
+  if (verdict.dry_run) {
+    SM_INFO("policy") << (facts.source_principal.empty() ? "plaintext" : facts.source_principal)
+                      << " from " << facts.source_ip.to_string() << " -> "
+                      << Endpoint{facts.destination_ip, facts.destination_port}.to_string() << ": "
+                      << policy::dry_run_summary(verdict);
+  }
+  return verdict;
+}
+
+net::DialOptions ProxyContext::dial_to_app(const IpAddress& client, const IpAddress& app) const {
+  net::DialOptions opts;
+  if (config.preserve_source_ip) opts.source = client;
+  opts.kept_source_ports = config.kept_source_ports;
+  opts.mark = config.mark_to_app;
+  opts.netns = pod_netns.find(app);
+  return opts;
+}
+
 const state::Workload* ProxyContext::find_local(const state::Snapshot& snap,
                                                 const IpAddress& ip) const {
   const state::Workload* w = snap.workload_by_ip(ip);

@@ -77,7 +77,8 @@ struct ProxyConfig {
   bool splice_passthrough = true;
   // An outbound connection whose destination is a workload this proxy serves (on this node) is
   // authorized as the inbound side would and dialled straight into the server pod, instead of
-  // through HBONE to the proxy's own 15008 (proxy/same_node.h). false: always the tunnel.
+  // through HBONE to the proxy's own 15008 (serve_same_node in proxy/outbound.cc). false: always
+  // the tunnel.
   bool same_node_fast_path = true;
   // The source ports of those dials (the client's port is not kept: see net/source_port.h).
   net::PortRange kept_source_ports;
