@@ -93,8 +93,9 @@ def fd_kinds(pid):
 
 
 def bpf_counts(pin_roots):
-    """Programs and maps in the kernel (all of them: the privileged lock keeps other runs
-    away), and files pinned under the cluster's pin roots."""
+    """Programs and maps in the kernel (all of them: nothing else may load or unload BPF
+    objects meanwhile; under ctest the suite is RUN_SERIAL for that), and files pinned under
+    the cluster's pin roots."""
     progs = json.loads(lib.run(["bpftool", "-j", "prog", "show"]) or "[]")
     maps = json.loads(lib.run(["bpftool", "-j", "map", "show"]) or "[]")
     pins = []
