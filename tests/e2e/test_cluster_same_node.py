@@ -1,12 +1,14 @@
 #!/usr/bin/python3
-"""The same-node fast path (--same-node-fast-path, on by default): a connection from an enrolled
-pod to another pod the same proxy serves is authorized by the proxy itself and dialled straight
-into the server pod, without HBONE to its own 15008. Checked against the tunnel it replaces, in
-one cluster (node-a's proxy restarted with the flag off): the payload intact, the client's address
-kept, the same metric series with both reporters, access-log bytes equal to what the apps sent,
-and the path in the access log; payloads from 1 byte to 64 MiB; a server that half-closes first
-and still reads; a Deny policy refuses a new same-node connection and closes a live one. TCP's semantics on the path (half-close both ways, RST both ways, backpressure) are in
-test_cluster_tcp_semantics.py, whose "same-node" path takes the fast path by default.
+"""The same-node fast path (--same-node-fast-path, on by default): a connection from an enrolled pod
+to another pod the same proxy serves is authorized by the proxy itself and dialled straight into
+the server pod, without HBONE to its own 15008. Checked against the tunnel it replaces, in one
+cluster (node-a's proxy restarted with the flag off): the payload intact, the client's address
+kept, the same metric series with both reporters, access-log bytes equal to what the apps sent, and
+the path in the access log and in /config_dump (also for a passthrough connection); payloads from 1
+byte to 64 MiB; a server that half-closes first and still reads; a Deny policy refuses a new
+same-node connection and closes a live one. TCP's semantics on the path (half-close both ways, RST
+both ways, backpressure) are in test_cluster_tcp_semantics.py, whose "same-node" path takes the
+fast path by default.
 Topology: cluster.demo_topology (client and echo-a on node-a)."""
 import json
 import re
@@ -183,6 +185,25 @@ class SameNode(ClusterCase):
         self.assertEqual(field(line[-1], "bytes_sent"), str(size))
         self.assertEqual(field(line[-1], "bytes_recv"), "3")
 
+    def live_paths(self, dst):
+        """(direction, path, relay) of node-a's live connections to `dst`, from /config_dump."""
+        found = []
+
+        def listed():
+            found[:] = sorted((c["direction"], c["path"], c["relay"])
+                              for c in self.a.config_dump()["connections"] if c["dst"] == dst)
+            return all(relay for _, _, relay in found) and found
+        wait_until("node-a's /config_dump to list the connection to %s" % dst, listed, 10)
+        return found
+
+    def test_config_dump_names_the_passthrough_path_of_a_live_connection(self):
+        legacy = "%s:%d" % (self.pods["legacy-a"].ip, APP_PORT)
+        live = self.client.client_process("live-legacy", legacy, "--stream-seconds", 3)
+        self.assertEqual(self.live_paths(legacy), [("outbound", "passthrough", "copy")])
+        self.assertTrue(self.report_of(live, timeout=15)["ok"])
+        wait_until("the closed connection to leave /config_dump", lambda: not [
+            c for c in self.a.config_dump()["connections"] if c["dst"] == legacy], 10)
+
     def test_a_deny_policy_refuses_a_same_node_connection_and_closes_a_live_one(self):
         client, echo_a = self.client, self.pods["echo-a"]
         self.talk(client, self.echo_a(), 4096)  # allowed before
@@ -190,6 +211,10 @@ class SameNode(ClusterCase):
         wait_until("the live stream to reach echo-a",
                    lambda: echo_a.processes[0].log().count("accepted from %s" % client.ip) >= 2,
                    10)
+        # /config_dump names the path of the live connection: both records, same-node, copied
+        # (the client's and the app's sockets are in the sockmap bypass, which splice cannot read).
+        self.assertEqual(self.live_paths(self.echo_a()), [
+            ("inbound", "same-node", "copy"), ("outbound", "same-node", "copy")])
         self.cluster.set_policies([
             deny_policy("deny-client", principals=["cluster.local/ns/shop/sa/client"])])
         applied = time.time()

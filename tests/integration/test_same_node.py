@@ -23,6 +23,9 @@ DENY_CLIENT_TO_LOCAL = """- name: deny-client
 
 class SameNode(unittest.TestCase):
     extra_a = ()
+    # (direction, path, relay) of the two records of one live connection in A's /config_dump.
+    live_records = ()
+    relayed_plainly = False  # the relay of live_records is the plain relay's choice
 
     def setUp(self):
         self.mesh = TwoNodeMesh(extra_a=self.extra_a)
@@ -51,8 +54,42 @@ class SameNode(unittest.TestCase):
         self.assertTrue(transfer_and_check(s, os.urandom(size)))
         s.close()
 
+    def live(self):
+        return [c for c in self.mesh.a.config_dump()["connections"]
+                if c["dst"] == "%s:8080" % self.local_ip]
+
+    def check_config_dump_says_which_path_a_live_connection_took(self):
+        s, rep = self.mesh.connect(self.local_ip, 8080)
+        self.assertEqual(rep, 0)
+        harness.read_line(s)
+        s.sendall(b"ping")
+        self.assertEqual(harness.recv_exact(s, 4), b"ping")
+        expected = list(self.live_records)
+        if self.relayed_plainly:
+            # The relay the proxy chose, as its metric counted it (splice or copy).
+            chosen = [r for r in ("splice", "copy") if self.mesh.a.metric_sum(
+                "sockmesh_plain_relays_total", relay=r) == 1]
+            self.assertEqual(len(chosen), 1, "one plain relay counted")
+            expected = [(d, p, chosen[0]) for d, p, _ in expected]
+        wait_until(lambda: sorted((c["direction"], c["path"], c["relay"]) for c in self.live())
+                   == sorted(expected), what="both records of the live connection "
+                   "with their path: %s" % (self.live(),))
+        for c in self.live():
+            self.assertEqual(c["src"].rsplit(":", 1)[0], self.mesh.client_ip, c)
+            self.assertEqual(c["bytesSent"], 4, c)  # the ping; the echo and whoami came back
+            self.assertGreaterEqual(c["bytesReceived"], 4, c)
+            self.assertEqual(c["srcIdentity"], "spiffe://cluster.local/ns/default/sa/client", c)
+        s.close()
+        wait_until(lambda: self.live() == [], what="the closed connection gone from the dump")
+
 
 class FastPath(SameNode):
+    live_records = (("inbound", "same-node", None), ("outbound", "same-node", None))
+    relayed_plainly = True
+
+    def test_config_dump_says_which_path_a_live_connection_took(self):
+        self.check_config_dump_says_which_path_a_live_connection_took()
+
     def test_a_local_destination_is_served_without_a_tunnel_and_logged_on_both_sides(self):
         size = 300000
         self.talk(size)
@@ -115,6 +152,10 @@ class FastPath(SameNode):
 
 class FastPathOff(SameNode):
     extra_a = ("--same-node-fast-path", "false")
+    live_records = (("inbound", "hbone", "tunnel"), ("outbound", "hbone", "tunnel"))
+
+    def test_config_dump_says_which_path_a_live_connection_took(self):
+        self.check_config_dump_says_which_path_a_live_connection_took()
     test_a_dry_run_deny_is_logged_and_not_enforced = \
         FastPath.test_a_dry_run_deny_is_logged_and_not_enforced
 

@@ -213,6 +213,33 @@ std::string config_dump_json(const AdminSources& s) {
     }
     out["listeners"] = listeners;
     out["activeConnections"] = s.proxy->active_connections();
+    // Which way each live connection goes (the access log says it when the connection ends).
+    constexpr size_t kListed = 1000;
+    auto live = s.proxy->connections(std::chrono::milliseconds(500), kListed);
+    auto now = std::chrono::steady_clock::now();
+    json conns = json::array();
+    for (const auto& c : live.connections) {
+      const auto& a = c.access;
+      json e = {{"direction", c.direction},
+                {"path", c.path},
+                {"relay", c.relay},
+                {"src", a.src_addr},
+                {"dst", a.dst_addr},
+                {"bytesSent", a.bytes_sent},
+                {"bytesReceived", a.bytes_recv},
+                {"ageSeconds",
+                 std::chrono::duration_cast<std::chrono::milliseconds>(now - a.started).count() /
+                     1000.0}};
+      if (!a.src_identity.empty()) e["srcIdentity"] = a.src_identity;
+      if (!a.dst_identity.empty()) e["dstIdentity"] = a.dst_identity;
+      if (!a.dst_hbone_addr.empty()) e["hboneAddress"] = a.dst_hbone_addr;
+      if (!a.dst_service.empty()) e["service"] = a.dst_service;
+      conns.push_back(std::move(e));
+    }
+    out["connections"] = conns;
+    if (live.total > live.connections.size())
+      out["connectionsNotListed"] = live.total - live.connections.size();
+    if (live.unanswered_workers > 0) out["connectionsUnansweredWorkers"] = live.unanswered_workers;
   }
   // The pods enrolled on this node, as the loader's workload map has them (the identity each
   // one's certificate is issued for), whether or not the config file lists them.

@@ -7,6 +7,7 @@ namespace sockmesh::proxy {
 ConnectionRecord::ConnectionRecord(ProxyContext& ctx, Worker& worker, std::string direction)
     : ctx_(ctx), worker_(worker), active_(&worker.active()) {
   access_.direction = std::move(direction);
+  worker_.add_record(this);
 }
 
 ConnectionRecord::~ConnectionRecord() {
@@ -39,6 +40,7 @@ void ConnectionRecord::add_received(uint64_t n) {
 void ConnectionRecord::finish(const std::string& error, observe::ResponseFlags flags) {
   if (finished_) return;
   finished_ = true;
+  worker_.remove_record(this);
   if (tracked_) worker_.untrack(*tracked_);
   tracked_.reset();
   access_.error = error;

@@ -16,6 +16,14 @@ namespace sockmesh::proxy {
 
 struct ProxyContext;
 
+// What /config_dump shows of one live connection.
+struct ConnectionSummary {
+  std::string direction;  // "inbound" or "outbound"
+  std::string path;       // ConnectionRecord::set_path; "" while not yet decided
+  std::string relay;      // how the bytes move: "splice", "copy" or "tunnel"; "" before the relay
+  observe::AccessRecord access;  // addresses, identities and bytes so far
+};
+
 class ConnectionRecord {
  public:
   ConnectionRecord(ProxyContext& ctx, Worker& worker, std::string direction);
@@ -24,6 +32,13 @@ class ConnectionRecord {
   ConnectionRecord& operator=(const ConnectionRecord&) = delete;
 
   observe::AccessRecord& access() { return access_; }
+  // Which way the connection goes: "hbone" (a tunnel, outbound or inbound), "same-node" (the
+  // same-node fast path), "passthrough" (plain TCP to a destination outside the mesh) or
+  // "plaintext" (inbound plain TCP to a local workload); and, once it relays, how ("splice",
+  // "copy" or "tunnel"). Shown by /config_dump.
+  void set_path(std::string path) { path_ = std::move(path); }
+  void set_relay(std::string relay) { relay_ = std::move(relay); }
+  ConnectionSummary summary() const { return {access_.direction, path_, relay_, access_}; }
   // Who is talking to whom; opens the metrics series. Call once.
   void identify(observe::Reporter reporter, const ConnectionView& view);
   // Registers for policy re-checks; untracked on finish.
@@ -43,6 +58,8 @@ class ConnectionRecord {
   observe::AccessRecord access_;
   observe::ConnectionMetrics metrics_;
   std::optional<uint64_t> tracked_;
+  std::string path_;
+  std::string relay_;
   bool finished_ = false;
 };
 

@@ -61,6 +61,7 @@ void handle_request(ProxyContext& ctx, Worker& worker, std::shared_ptr<InboundSe
                     std::shared_ptr<h2::H2Stream> stream) {
   const h2::Request& req = stream->request();
   auto record = std::make_shared<ConnectionRecord>(ctx, worker, "inbound");
+  record->set_path("hbone");
   auto& access = record->access();
   access.src_addr = session->peer.to_string();
   access.src_identity = session->peer_identity;
@@ -172,6 +173,7 @@ void handle_request(ProxyContext& ctx, Worker& worker, std::shared_ptr<InboundSe
            if (auto r = weak.lock()) r->abort(reason);
          });
          // The relay's socket is the application: socket-to-stream flows back to the client.
+         record->set_relay("tunnel");
          relay->start(finish_when_done<TunnelRelay::Result>(record),
                       count_bytes(record, /*forward_is_outgoing=*/false));
        });

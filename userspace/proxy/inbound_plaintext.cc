@@ -23,6 +23,7 @@ void InboundPlaintext::handle(Worker& worker, Tcp::socket socket) {
   Endpoint client = net::from_asio(peer_ep);
   auto& ctx = ctx_;
   auto record = std::make_shared<ConnectionRecord>(ctx, worker, "inbound");
+  record->set_path("plaintext");
   record->access().src_addr = client.to_string();
   record->access().dst_addr = dst->to_string();
   auto snap = ctx.store->get();
@@ -68,6 +69,7 @@ void InboundPlaintext::handle(Worker& worker, Tcp::socket socket) {
                                         std::move(app_paused),
                                         finish_when_done<net::TcpRelay::Result>(record),
                                         count_bytes(record, /*forward_is_outgoing=*/true));
+         record->set_relay(relay.spliced ? "splice" : "copy");
          record->track(uid, facts, std::move(relay.abort));
        });
 }

@@ -61,6 +61,7 @@ void serve_same_node(ProxyContext& ctx, Worker& worker,
   view.destination_principal = dst.identity();
   view.mutual_tls = true;  // both identities are the proxy's own knowledge, as over its tunnel
   out_record->access().path = "same-node";
+  out_record->set_path("same-node");
   out_record->identify(observe::Reporter::kSource, view);
 
   // The inbound half, as InboundHbone records a CONNECT from this client.
@@ -69,6 +70,7 @@ void serve_same_node(ProxyContext& ctx, Worker& worker,
   in_access.src_addr = client_addr.to_string();
   in_access.dst_addr = target.to_string();
   in_access.path = "same-node";
+  in_record->set_path("same-node");
   ConnectionView in_view;
   in_view.source = snap.workload_by_ip(client_addr.ip);  // as InboundHbone: the mesh's view
   in_view.source_principal = view.source_principal;
@@ -121,6 +123,8 @@ void serve_same_node(ProxyContext& ctx, Worker& worker,
                  count_out(forward, n);
                  count_in(forward, n);
                });
+           out_record->set_relay(relay.spliced ? "splice" : "copy");
+           in_record->set_relay(relay.spliced ? "splice" : "copy");
            // The live re-check closes it when a policy change denies it, as an inbound one.
            in_record->track(dst_uid, facts, std::move(relay.abort));
          };
@@ -205,6 +209,7 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
   if (!hbone) {
     // Passthrough: outside the mesh, or a workload that does not speak HBONE.
     if (route.workload != nullptr) view.destination_principal = route.workload->identity();
+    record->set_path("passthrough");
     record->identify(observe::Reporter::kSource, view);
     net::DialOptions opts;
     if (ctx.config.preserve_source_ip) opts.source = client_addr.ip;
@@ -219,9 +224,11 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
            }
            auto start = [&ctx, record, client_ptr, read_paused,
                          up = std::make_shared<Tcp::socket>(std::move(upstream))]() mutable {
-             start_plain_relay(ctx, std::move(*client_ptr), std::move(*up), std::move(read_paused),
-                               nullptr, finish_when_done<net::TcpRelay::Result>(record),
-                               count_bytes(record, /*forward_is_outgoing=*/true));
+             auto relay = start_plain_relay(
+                 ctx, std::move(*client_ptr), std::move(*up), std::move(read_paused), nullptr,
+                 finish_when_done<net::TcpRelay::Result>(record),
+                 count_bytes(record, /*forward_is_outgoing=*/true));
+             record->set_relay(relay.spliced ? "splice" : "copy");
            };
            if (ready) {
              ready(OutboundOutcome{true}, client_ptr, start);
@@ -247,6 +254,7 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
   const state::Workload& dst = *route.workload;
   view.destination_principal = dst.identity();
   view.mutual_tls = true;
+  record->set_path("hbone");
   record->identify(observe::Reporter::kSource, view);
   access.dst_hbone_addr = Endpoint{route.target.ip, ctx.config.hbone_port}.to_string();
 
@@ -296,6 +304,7 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
           relay->attach();  // nothing the server sends is lost while SOCKS5 answers its client
           relay->on_read_paused(read_paused);
           auto start = [record, relay] {
+            record->set_relay("tunnel");
             relay->start(finish_when_done<TunnelRelay::Result>(record),
                          count_bytes(record, /*forward_is_outgoing=*/true));
           };

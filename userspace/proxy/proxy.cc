@@ -7,6 +7,7 @@
 #include <boost/asio/post.hpp>
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <future>
 #include <set>
 
@@ -467,6 +468,39 @@ int64_t Proxy::active_connections() {
   int64_t n = 0;
   for (auto& w : ctx_.workers) n += w->active().load();
   return n;
+}
+
+Proxy::ConnectionList Proxy::connections(std::chrono::milliseconds wait, size_t limit) {
+  ConnectionList out;
+  // Shared with the posted tasks: a worker that answers after `wait` writes into it harmlessly.
+  using Answer = std::promise<std::vector<ConnectionSummary>>;
+  std::vector<std::pair<std::shared_ptr<Answer>, std::future<std::vector<ConnectionSummary>>>> asked;
+  for (auto& w : ctx_.workers) {
+    auto answer = std::make_shared<Answer>();
+    asked.emplace_back(answer, answer->get_future());
+    boost::asio::post(w->io(), [worker = w.get(), answer] {
+      std::vector<ConnectionSummary> mine;
+      mine.reserve(worker->records().size());
+      for (const ConnectionRecord* r : worker->records()) mine.push_back(r->summary());
+      answer->set_value(std::move(mine));
+    });
+  }
+  auto until = std::chrono::steady_clock::now() + wait;
+  for (auto& [_, f] : asked) {
+    if (f.wait_until(until) != std::future_status::ready) {
+      ++out.unanswered_workers;
+      continue;
+    }
+    for (auto& c : f.get()) out.connections.push_back(std::move(c));
+  }
+  out.total = out.connections.size();
+  // Oldest first: the long-lived connections an operator usually looks for.
+  std::sort(out.connections.begin(), out.connections.end(),
+            [](const ConnectionSummary& a, const ConnectionSummary& b) {
+              return a.access.started < b.access.started;
+            });
+  if (out.connections.size() > limit) out.connections.resize(limit);
+  return out;
 }
 
 void Proxy::drain(std::chrono::milliseconds deadline) {

@@ -13,6 +13,7 @@
 
 #include "dns/server.h"
 #include "net/sockets.h"
+#include "proxy/connection_record.h"
 #include "proxy/context.h"
 #include "proxy/inbound.h"
 #include "proxy/inbound_plaintext.h"
@@ -41,6 +42,14 @@ class Proxy {
   // Listening addresses by role ("hbone", "socks5", ...), as actually bound.
   std::vector<std::pair<std::string, Endpoint>> listening();
   int64_t active_connections();
+  // The live connections, each worker asked on its own thread. At most `limit` are listed
+  // (`total` counts all); a worker that does not answer within `wait` is left out and counted.
+  struct ConnectionList {
+    std::vector<ConnectionSummary> connections;
+    size_t total = 0;
+    int unanswered_workers = 0;
+  };
+  ConnectionList connections(std::chrono::milliseconds wait, size_t limit);
 
   // Replace how local workloads are found (e.g. by the node's BPF workload map).
   void set_local_workload_lookup(LocalWorkloadLookup lookup);
