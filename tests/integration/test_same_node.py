@@ -54,16 +54,21 @@ class SameNode(unittest.TestCase):
         self.assertTrue(transfer_and_check(s, os.urandom(size)))
         s.close()
 
-    def live(self):
-        return [c for c in self.mesh.a.config_dump()["connections"]
-                if c["dst"] == "%s:8080" % self.local_ip]
-
-    def check_config_dump_says_which_path_a_live_connection_took(self):
+    def live_connection(self):
+        """A connection to the local workload that has carried one echoed ping, left open."""
         s, rep = self.mesh.connect(self.local_ip, 8080)
         self.assertEqual(rep, 0)
         harness.read_line(s)
         s.sendall(b"ping")
         self.assertEqual(harness.recv_exact(s, 4), b"ping")
+        return s
+
+    def live(self):
+        return [c for c in self.mesh.a.config_dump()["connections"]
+                if c["dst"] == "%s:8080" % self.local_ip]
+
+    def check_config_dump_says_which_path_a_live_connection_took(self):
+        s = self.live_connection()
         expected = list(self.live_records)
         if self.relayed_plainly:
             # The relay the proxy chose, as its metric counted it (splice or copy).
@@ -112,11 +117,7 @@ class FastPath(SameNode):
         self.assertNotIn("direction=inbound", self.mesh.b.logs(), "node B saw nothing")
 
     def test_a_deny_policy_refuses_a_new_connection_and_closes_a_live_one(self):
-        s, rep = self.mesh.connect(self.local_ip, 8080)
-        self.assertEqual(rep, 0)
-        harness.read_line(s)
-        s.sendall(b"ping")
-        self.assertEqual(harness.recv_exact(s, 4), b"ping")
+        s = self.live_connection()
         self.mesh.set_policies(DENY_CLIENT_TO_LOCAL)
         s.settimeout(10)
         t0 = time.time()
