@@ -88,6 +88,18 @@ FLOOR_PORTS = {"floor": (17011, 17012), "tlsfloor": (17021, 17022)}
 TARGET_PASSTHROUGH_VS_NOMESH = 0.70
 TARGET_RTT_OVER_TLS_FLOOR_US = 10.0
 TARGET_CPU_VS_TLS_FLOOR = 1.0
+# First byte of a new connection: the empty-pool row's proxies drop an idle pooled HBONE connection
+# after this, and the client waits FIRST_BYTE_COLD_PAUSE_MS between samples (the pool sweeps every
+# timeout/2), so that every sample finds the pool empty: TCP + TLS handshake + CONNECT.
+FIRST_BYTE_POOL_IDLE_MS = 40
+FIRST_BYTE_COLD_PAUSE_MS = 150
+FIRST_BYTE_SIZE = 64
+FIRST_BYTE_ROWS = [
+    ("nomesh", "(1) no mesh"),
+    ("bypass", "(2) sockmesh, a pooled HBONE connection"),
+    ("coldpool", "(2e) sockmesh, the HBONE pool empty (TCP + mTLS handshake + CONNECT)"),
+    ("tlsfloor", "(t) TLS floor relays (TCP + mTLS 1.3 handshake between the relays)"),
+]
 TOPOLOGIES = [("cross", "across nodes"), ("same", "same node")]
 
 
@@ -132,10 +144,13 @@ class ClusterBench:
         except self.lib.ClusterError as e:
             raise BenchError("%s (scripts/bench --cluster builds them)" % e)
         self.pki = None     # certificates of (t)
+        self.cold_combo = None  # (2e): first byte with the HBONE pool empty, on its own cluster
         self.clusters = {}  # path key -> Cluster (nomesh shares iptables')
         self.made = []      # every Cluster, for cleanup
         self.combos = []
         self.notes = []
+        self.fbres = {}
+        self.fbsum = {}  # first-byte row key -> medians, for the chart
         # passthrough/<topo> -> {"splice": n, "copy": n}: sockmesh_plain_relays_total deltas (both
         # nodes of (2)'s cluster) summed over that row's measured runs only.
         self.plain_relays = {}
@@ -321,6 +336,18 @@ class ClusterBench:
                         if fk in o.paths:
                             self.combos.append(Combo(fk, "cross", c, client, cross,
                                                      target=self.floor_relays(fk, client, cross)))
+        if o.first_byte_conns and "bypass" in o.paths and "cross" in o.topologies:
+            self.check_budget()
+            c = self.new_cluster("coldpool", True, None,
+                                 ["--pool-idle-timeout-ms", str(FIRST_BYTE_POOL_IDLE_MS)])
+            c.label_namespace("mesh-coldpool", True)
+            c.up()
+            self.clusters["coldpool"] = c
+            client = c.add_pod("node-a", "mesh-coldpool", "coldpool-client", "bench-client")
+            cross = c.add_pod("node-b", "mesh-coldpool", "coldpool-srv-b", "bench-server")
+            self.wait_enrolled([client, cross])
+            self.serve(cross)
+            self.cold_combo = Combo("coldpool", "cross", c, client, cross)
         order = {k: i for i, (k, _) in enumerate(PATHS)}
         self.combos.sort(key=lambda x: (order[x.path], [t for t, _ in TOPOLOGIES].index(x.topo)))
 
@@ -361,6 +388,29 @@ class ClusterBench:
     def pingpong(self, combo, iters, warmup):
         return self.loadgen(combo, ["--mode", "pingpong", "--size", "1024", "--iters", str(iters),
                                     "--warmup", str(warmup)])
+
+    def first_byte_combos(self):
+        out = []
+        for key, label in FIRST_BYTE_ROWS:
+            x = self.cold_combo if key == "coldpool" else next(
+                (x for x in self.combos if x.key == key + "/cross"), None)
+            if x is not None:
+                out.append((key, label, x))
+        return out
+
+    def first_byte(self, combo, conns):
+        """connect() -> first echoed byte on new connections; for (2e) and (2) also the delta of
+        sockmesh_pool_connections_opened_total (client node) over the samples."""
+        pause = FIRST_BYTE_COLD_PAUSE_MS if combo.path == "coldpool" else 0
+        node = combo.client.node if combo.path in ("coldpool", "bypass") else None
+        before = node and self.lib.metric_value(node.metrics(),
+                                                "sockmesh_pool_connections_opened_total")
+        r = self.loadgen(combo, ["--mode", "connect", "--conns", str(conns), "--size",
+                                 str(FIRST_BYTE_SIZE), "--pause-ms", str(pause)])
+        if node:
+            r["pool_opened"] = int(self.lib.metric_value(
+                node.metrics(), "sockmesh_pool_connections_opened_total") - before)
+        return r
 
     def evidence(self):
         """Counters that show each path went the way its label says: the loader's counters for
@@ -409,6 +459,10 @@ class ClusterBench:
             self.loadgen(x, ["--mode", "throughput", "--bytes", str(o.warmup_bytes),
                              "--streams", "1"])
             self.pingpong(x, 200, 100)
+        fb = self.first_byte_combos() if o.first_byte_conns else []
+        for _, _, x in fb:
+            self.first_byte(x, 8)
+        fbres = {k: [] for k, _, _ in fb}
         ev0 = self.evidence()
         self.measuring = True
         res = {x.key: {"tp1": [], "tp8": [], "pp": []} for x in self.combos}
@@ -427,6 +481,10 @@ class ClusterBench:
                 log("rep %d/%d %-16s %d streams x %d MiB" % (rep + 1, o.reps, x.key, o.streams,
                                                             o.tp8_bytes // o.streams // MiB))
                 res[x.key]["tp8"].append(self.throughput(x, o.tp8_bytes, o.streams))
+            for k, _, x in fb[rep % max(1, len(fb)):] + fb[:rep % max(1, len(fb))]:
+                log("rep %d/%d %-16s %d new connections, first byte" % (rep + 1, o.reps, k,
+                                                                      o.first_byte_conns))
+                fbres[k].append(self.first_byte(x, o.first_byte_conns))
             for c in self.made:
                 for node in c.nodes:
                     if not node.proxy.alive():
@@ -439,6 +497,7 @@ class ClusterBench:
             c = self.clusters.get(path)
             if c is not None and path in o.paths:
                 rss[path] = {n.name: rss_kib(n.proxy.pid) for n in c.nodes}
+        self.fbres = fbres
         return res, ev0, ev1, rss
 
     # -- report -----------------------------------------------------------------------------
@@ -548,12 +607,54 @@ class ClusterBench:
                  "over, as istio-cni's in-pod rules do. Client, proxies and server share this "
                  "machine's %d CPUs with whatever else runs: compare rows of one run only." % (
                      SM_MARK_PROXY, SM_MARK_LOCAL_HOP, IPT_ROUTE_TABLE, os.cpu_count()))
+        L.extend(self.first_byte_lines(s))
         for n in self.notes:
             L.append(n)
         text = "\n".join(L) + "\n"
         raw = {"options": {k: v for k, v in vars(o).items()}, "results": res, "summary": s,
+               "first_byte": self.fbres,
                "rss_kib": rss, "evidence_before": ev0, "evidence_after": ev1}
         return text, raw, s
+
+    def first_byte_lines(self, s):
+        """The first-byte table (across nodes); fills self.fbsum for the chart."""
+        if not self.fbres:
+            return []
+        med = statistics.median
+        L = ["", "### First byte of a new connection, across nodes", "",
+             "| path | p50 µs | p99 µs | vs no mesh (p50) | HBONE connections opened / samples |",
+             "|---|---:|---:|---:|---:|"]
+        base = None
+        for key, label in FIRST_BYTE_ROWS:
+            rs = self.fbres.get(key)
+            if not rs:
+                continue
+            p50, p99 = med(r["p50_us"] for r in rs), med(r["p99_us"] for r in rs)
+            if key == "nomesh":
+                base = p50
+            self.fbsum[key] = {"p50": p50, "p99": p99}
+            opened = ("%d / %d" % (sum(r["pool_opened"] for r in rs), sum(r["conns"] for r in rs))
+                      if "pool_opened" in rs[0] else "—")
+            L.append("| %s | %.1f | %.1f | %s | %s |" % (label, p50, p99,
+                                                        "%.2f×" % (p50 / base) if base else "—",
+                                                        opened))
+        L.append("")
+        L.append("`sockmesh-loadgen client --mode connect --conns %d --size %d`, %d times "
+                 "(medians of the runs' p50 and p99): the time from just before connect() to the "
+                 "first byte of the echo of a %d-byte message written as soon as connect() "
+                 "returned, on a new connection each sample. (2e) runs on a cluster of its own "
+                 "whose proxies have --pool-idle-timeout-ms %d, with %d ms between samples, so that "
+                 "the client proxy's pool is empty at every sample (the pool key is source "
+                 "identity + source IP + destination, so a new client source per sample would "
+                 "need a new pod per sample; the timeout is a flag the proxy has); the opened "
+                 "column (sockmesh_pool_connections_opened_total on the client's node) shows "
+                 "whether each sample opened an HBONE connection. (2) reuses the pooled one. "
+                 "(t)'s relay 1 does a TCP connect and a TLS 1.3 handshake with relay 2 per new "
+                 "connection." % (
+                     self.o.first_byte_conns, FIRST_BYTE_SIZE, self.o.reps, FIRST_BYTE_SIZE,
+                     FIRST_BYTE_POOL_IDLE_MS, FIRST_BYTE_COLD_PAUSE_MS))
+        L.append("")
+        return L
 
     def target_lines(self, s):
         """Issue 16's targets for (5) and for sockmesh across nodes against (t), as lines."""
@@ -620,11 +721,22 @@ class ClusterBench:
                   ("cpu_per_gb", "CPU s per GB moved (cgroup tree)"),
                   ("p50", "1 KiB round trip p50, µs"),
                   ("p99", "1 KiB round trip p99, µs"),
-                  ("rss", "node proxies' RSS after the run, MiB")]
-        fig, axes = plt.subplots(2, 3, figsize=(14, 8))
+                  ("rss", "node proxies' RSS after the run, MiB"),
+                  ("firstbyte", "first byte of a new connection, across nodes, p50 µs")]
+        fig, axes = plt.subplots(2, 4, figsize=(18, 8))
+        axes.flat[-1].axis("off")
         width = 0.8 / max(1, len(paths))
         for ax, (field, title) in zip(axes.flat, panels):
-            if field == "rss":
+            if field == "firstbyte":
+                ks = [(k, lbl) for k, lbl in FIRST_BYTE_ROWS if k in self.fbsum]
+                vals = [self.fbsum[k]["p50"] for k, _ in ks]
+                fbc = dict(colours, coldpool="#bcbd22")
+                ax.bar(range(len(ks)), vals, 0.6, color=[fbc[k] for k, _ in ks])
+                for i, y_ in enumerate(vals):
+                    ax.annotate("%.0f" % y_, (i, y_), ha="center", va="bottom", fontsize=7)
+                ax.set_xticks(range(len(ks)))
+                ax.set_xticklabels([lbl.split(" ", 1)[0] for _, lbl in ks])
+            elif field == "rss":
                 # One figure per cluster (the two proxies of the path), not per topology.
                 ks = [p for p in paths if any(v["path"] == p[0] and v["rss_mib"] is not None
                                               for v in s.values())]
@@ -700,6 +812,8 @@ def parse_args(argv):
                     "tlsfloor", help="comma list of: nomesh, bypass, nofast (same node only), "
                     "nobypass, iptables, passthrough, floor and tlsfloor (across nodes only)")
     ap.add_argument("--topologies", default="cross,same", help="comma list of: cross, same")
+    ap.add_argument("--first-byte-conns", type=int, help="new connections per first-byte sample "
+                    "run (default 20 quick, 100 full; 0: no first-byte rows)")
     ap.add_argument("--out", help="Markdown file (default bench/results/cluster-<time>.md)")
     ap.add_argument("--max-seconds", type=int, help="time budget of the whole run")
     ap.add_argument("--baseline-rev", help="also run (2) and (3) on binaries built from this git "
@@ -730,6 +844,8 @@ def parse_args(argv):
     o.streams = 8
     o.warmup_bytes = 16 * MiB
     o.op_timeout = 60 if o.quick else 120
+    if o.first_byte_conns is None:
+        o.first_byte_conns = 20 if o.quick else 100
     o.max_seconds = o.max_seconds or (300 if o.quick else 1500)
     if not o.out:
         o.out = os.path.join(ROOT, "bench", "results", "cluster-%s.md" %
