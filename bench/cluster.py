@@ -212,7 +212,7 @@ class ClusterBench:
             k = self.pki
             tls1 = ["--tls-to", "%s,%s,%s" % (k["client_cert"], k["client_key"], k["ca"])]
             tls2 = ["--tls-listen", "%s,%s,%s" % (k["server_cert"], k["server_key"], k["ca"])]
-        limit = ["--max-seconds", str(self.o.max_seconds + 300)]
+        limit = ["--netns-only", "yes", "--max-seconds", str(self.o.max_seconds + 300)]
         r2 = server.spawn("%s-relay2" % key, [
             self.loadgen_bin, "relay", "--listen", "%s:%d" % (server.ip, p2),
             "--to", "127.0.0.1:%d" % SERVER_PORT] + tls2 + limit)
@@ -846,7 +846,7 @@ def parse_args(argv):
     o.op_timeout = 60 if o.quick else 120
     if o.first_byte_conns is None:
         o.first_byte_conns = 20 if o.quick else 100
-    o.max_seconds = o.max_seconds or (300 if o.quick else 1500)
+    o.max_seconds = o.max_seconds or (480 if o.quick else 1800)
     if not o.out:
         o.out = os.path.join(ROOT, "bench", "results", "cluster-%s.md" %
                              datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
