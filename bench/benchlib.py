@@ -3,6 +3,7 @@ that turns signals into a clean stop and writes the table."""
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -123,3 +124,32 @@ def run_bench(make_bench, out_path, what):
     sys.stdout.write(text)
     log("written to %s" % out_path)
     return 0
+
+
+def openssl(*args, cwd):
+    r = subprocess.run(["openssl", *args], cwd=cwd, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, timeout=60)
+    if r.returncode != 0:
+        raise BenchError("openssl %s failed: %s" % (args[0], r.stderr.decode(errors="replace")))
+
+
+def make_pki(d, server_name):
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", "ca-key.pem", "-out", "ca.pem", "-days", "2", "-subj", "/O=sockmesh-bench CA",
+            "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=d)
+    for name, san in (("server", "DNS:%s,URI:spiffe://cluster.local/ns/bench/sa/server" % server_name),
+                      ("client", "URI:spiffe://cluster.local/ns/bench/sa/client")):
+        with open(os.path.join(d, name + ".ext"), "w") as f:
+            f.write("subjectAltName=%s\nkeyUsage=critical,digitalSignature\n"
+                    "extendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=critical,CA:FALSE\n"
+                    % san)
+        openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                "-keyout", name + "-key.pem", "-out", name + ".csr", "-subj", "/O=bench " + name,
+                cwd=d)
+        openssl("x509", "-req", "-in", name + ".csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem",
+                "-CAcreateserial", "-out", name + "-cert.pem", "-days", "2",
+                "-extfile", name + ".ext", cwd=d)
+    return {k: os.path.join(d, v) for k, v in (
+        ("ca", "ca.pem"), ("server_cert", "server-cert.pem"), ("server_key", "server-key.pem"),
+        ("client_cert", "client-cert.pem"), ("client_key", "client-key.pem"))}

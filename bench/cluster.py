@@ -46,8 +46,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from benchlib import (BenchError, bench_arguments, load_cluster_lib, log, rss_kib,  # noqa: E402
-                      run_bench, set_log_prefix)
+from benchlib import (BenchError, bench_arguments, load_cluster_lib, log, make_pki,  # noqa: E402
+                      rss_kib, run_bench, set_log_prefix)
 
 set_log_prefix("cluster")
 
@@ -72,11 +72,34 @@ PATHS = [
     ("nofast", "(2f) as (2), --same-node-fast-path false"),
     ("nobypass", "(3) sockmesh: tc, no bypass"),
     ("iptables", "(4) sockmesh fed by iptables REDIRECT"),
+    ("passthrough", "(5) passthrough: mesh client pod → pod not in the mesh"),
+    ("floor", "(f) floor: 2 minimal relays in the pods, no TLS"),
+    ("tlsfloor", "(t) TLS floor: the relays with mTLS 1.3 between them"),
     # --baseline-rev / --baseline-build: (2) and (3) again, on the binaries of another build.
     ("basebypass", "(2b) as (2), baseline build"),
     ("basenobypass", "(3b) as (3), baseline build"),
 ]
 BASELINE_PATHS = ("basebypass", "basenobypass")
+# Reference rows, across nodes only: loadgen relays where the proxies sit on the mesh path (relay 1
+# in the client pod, relay 2 in the server pod on node-b), on the pods of (1).
+FLOOR_PATHS = ("floor", "tlsfloor")
+FLOOR_PORTS = {"floor": (17011, 17012), "tlsfloor": (17021, 17022)}
+# Targets of issue 16 that these rows are for.
+TARGET_PASSTHROUGH_VS_NOMESH = 0.70
+TARGET_RTT_OVER_TLS_FLOOR_US = 10.0
+TARGET_CPU_VS_TLS_FLOOR = 1.0
+# First byte of a new connection: the empty-pool row's proxies drop an idle pooled HBONE connection
+# after this, and the client waits FIRST_BYTE_COLD_PAUSE_MS between samples (the pool sweeps every
+# timeout/2), so that every sample finds the pool empty: TCP + TLS handshake + CONNECT.
+FIRST_BYTE_POOL_IDLE_MS = 40
+FIRST_BYTE_COLD_PAUSE_MS = 150
+FIRST_BYTE_SIZE = 64
+FIRST_BYTE_ROWS = [
+    ("nomesh", "(1) no mesh"),
+    ("bypass", "(2) sockmesh, a pooled HBONE connection"),
+    ("coldpool", "(2e) sockmesh, the HBONE pool empty (TCP + mTLS handshake + CONNECT)"),
+    ("tlsfloor", "(t) TLS floor relays (TCP + mTLS 1.3 handshake between the relays)"),
+]
 TOPOLOGIES = [("cross", "across nodes"), ("same", "same node")]
 
 
@@ -101,9 +124,11 @@ def system_cpu_seconds():
 class Combo:
     """One path x one topology: the client pod and the server it talks to."""
 
-    def __init__(self, path, topo, cluster, client, server):
+    def __init__(self, path, topo, cluster, client, server, target=None):
         self.path, self.topo = path, topo
         self.cluster, self.client, self.server = cluster, client, server
+        # Where the client connects: the server pod's, or (floor rows) relay 1's address.
+        self.target = target or "%s:%d" % (server.ip, SERVER_PORT)
         self.key = "%s/%s" % (path, topo)
 
 
@@ -118,10 +143,18 @@ class ClusterBench:
                 self.lib.binary(name)
         except self.lib.ClusterError as e:
             raise BenchError("%s (scripts/bench --cluster builds them)" % e)
+        self.pki = None     # certificates of (t)
+        self.cold_combo = None  # (2e): first byte with the HBONE pool empty, on its own cluster
         self.clusters = {}  # path key -> Cluster (nomesh shares iptables')
         self.made = []      # every Cluster, for cleanup
         self.combos = []
         self.notes = []
+        self.fbres = {}
+        self.fbsum = {}  # first-byte row key -> medians, for the chart
+        # passthrough/<topo> -> {"splice": n, "copy": n}: sockmesh_plain_relays_total deltas (both
+        # nodes of (2)'s cluster) summed over that row's measured runs only.
+        self.plain_relays = {}
+        self.measuring = False
         self.t0 = time.time()
 
     # -- helpers ----------------------------------------------------------------------------
@@ -165,6 +198,40 @@ class ClusterBench:
                             for port in (SM_PORT_OUTBOUND, SM_PORT_INBOUND_PLAIN, SM_PORT_HBONE)),
                 15)
 
+    def floor_relays(self, key, client, server):
+        """Starts (f) or (t): relay 1 in the client pod (on its lo), relay 2 in the server pod on
+        node-b, relay 2 -> the server app on the pod's lo; for (t) mutual TLS 1.3 from relay 1
+        to relay 2. Returns relay 1's address, the client's target."""
+        p1, p2 = FLOOR_PORTS[key]
+        tls1, tls2 = [], []
+        if key == "tlsfloor":
+            if self.pki is None:
+                d = os.path.join(server.cluster.work, "bench-pki")
+                os.makedirs(d, exist_ok=True)
+                self.pki = make_pki(d, "relay2.bench.invalid")
+            k = self.pki
+            tls1 = ["--tls-to", "%s,%s,%s" % (k["client_cert"], k["client_key"], k["ca"])]
+            tls2 = ["--tls-listen", "%s,%s,%s" % (k["server_cert"], k["server_key"], k["ca"])]
+        limit = ["--netns-only", "yes", "--max-seconds", str(self.o.max_seconds + 300)]
+        r2 = server.spawn("%s-relay2" % key, [
+            self.loadgen_bin, "relay", "--listen", "%s:%d" % (server.ip, p2),
+            "--to", "127.0.0.1:%d" % SERVER_PORT] + tls2 + limit)
+        r1 = client.spawn("%s-relay1" % key, [
+            self.loadgen_bin, "relay", "--listen", "127.0.0.1:%d" % p1,
+            "--to", "%s:%d" % (server.ip, p2)] + tls1 + limit)
+        for pod, proc, port in ((server, r2, p2), (client, r1, p1)):
+            def up(pod=pod, proc=proc, port=port):
+                if not proc.alive():
+                    raise BenchError("%s relay in %s exited: %s" % (key, pod, proc.log()[-2000:]))
+                return (":%d " % port) in pod.sh(["ss", "-Hltn"])
+            self.lib.wait_until("%s relay in %s" % (key, pod), up, 15)
+        return "127.0.0.1:%d" % p1
+
+    def plain_relay_counts(self, combo):
+        texts = [n.metrics() for n in combo.cluster.nodes]
+        return {r: int(sum(self.lib.metric_value(t, "sockmesh_plain_relays_total", relay=r)
+                           for t in texts)) for r in ("splice", "copy")}
+
     def iptables_capture(self, pod):
         """Detaches the pod's tc capture (the loader's clsact filters) and installs Istio-style
         iptables redirection in the pod's netns instead. Nothing here outlives the pod netns."""
@@ -202,24 +269,52 @@ class ClusterBench:
         o = self.o
         specs = [("bypass", True), ("nofast", True), ("nobypass", False), ("iptables", False),
                  ("basebypass", True), ("basenobypass", False)]
+        # (5) runs on (2)'s cluster, (f) and (t) on the pods of (1) (the cluster of (4)).
+        wanted = set(o.paths)
+        if "passthrough" in wanted:
+            wanted.add("bypass-cluster")
+        if wanted & set(FLOOR_PATHS):
+            wanted.add("nomesh")
         for path, bypass in specs:
-            if path not in o.paths and not (path == "iptables" and "nomesh" in o.paths):
+            if path not in o.paths and not (path == "iptables" and "nomesh" in wanted) and \
+                    not (path == "bypass" and "bypass-cluster" in wanted):
                 continue
             self.check_budget()
             c = self.new_cluster(path, bypass, o.baseline_build if path in BASELINE_PATHS else None,
                                  ["--same-node-fast-path", "false"] if path == "nofast" else ())
             if path == "iptables":
                 c.label_namespace("plain", False)
+            if path == "bypass" and "passthrough" in o.paths:
+                c.label_namespace("plain-pt", False)
             c.label_namespace("mesh-" + path, True)
             c.up()
             self.clusters[path] = c
             groups = []
             if path in o.paths:
                 groups.append((path, "mesh-" + path))
-            if path == "iptables" and "nomesh" in o.paths:
+            if path == "iptables" and "nomesh" in wanted:
                 groups.append(("nomesh", "plain"))
                 self.clusters["nomesh"] = c
+            if path == "bypass" and "passthrough" in o.paths:
+                if path not in o.paths:  # (5) still needs a mesh client pod
+                    groups.append(("bypass-client-only", "mesh-" + path))
+                groups.append(("passthrough", "plain-pt"))
+            mesh_client = None
             for key, ns in groups:
+                if key == "passthrough":
+                    # The mesh client pod of (2) -> server pods in a namespace not labelled.
+                    same = c.add_pod("node-a", ns, "pt-srv-a", "bench-server")
+                    cross = c.add_pod("node-b", ns, "pt-srv-b", "bench-server")
+                    for pod in (same, cross):
+                        self.serve(pod)
+                    for topo, server in (("cross", cross), ("same", same)):
+                        if topo in o.topologies:
+                            self.combos.append(Combo(key, topo, c, mesh_client, server))
+                    continue
+                if key == "bypass-client-only":
+                    mesh_client = c.add_pod("node-a", ns, "bypass-client", "bench-client")
+                    self.wait_enrolled([mesh_client])
+                    continue
                 client, same, cross = self.pods_for(c, key, ns)
                 if key != "nomesh":
                     self.wait_enrolled([client, same, cross])
@@ -227,12 +322,32 @@ class ClusterBench:
                     for pod in (client, same, cross):
                         self.iptables_capture(pod)
                     log("  iptables: tc detached, REDIRECT rules in the 3 pods of (4)")
+                if key == "bypass":
+                    mesh_client = client
                 for pod in (same, cross):
                     self.serve(pod)
                 for topo, server in (("cross", cross), ("same", same)):
                     # (2f) differs from (2) on the same node only.
-                    if topo in o.topologies and (key != "nofast" or topo == "same"):
+                    if topo in o.topologies and (key != "nofast" or topo == "same") and \
+                            key in o.paths:
                         self.combos.append(Combo(key, topo, c, client, server))
+                if key == "nomesh" and "cross" in o.topologies:
+                    for fk in FLOOR_PATHS:
+                        if fk in o.paths:
+                            self.combos.append(Combo(fk, "cross", c, client, cross,
+                                                     target=self.floor_relays(fk, client, cross)))
+        if o.first_byte_conns and "bypass" in o.paths and "cross" in o.topologies:
+            self.check_budget()
+            c = self.new_cluster("coldpool", True, None,
+                                 ["--pool-idle-timeout-ms", str(FIRST_BYTE_POOL_IDLE_MS)])
+            c.label_namespace("mesh-coldpool", True)
+            c.up()
+            self.clusters["coldpool"] = c
+            client = c.add_pod("node-a", "mesh-coldpool", "coldpool-client", "bench-client")
+            cross = c.add_pod("node-b", "mesh-coldpool", "coldpool-srv-b", "bench-server")
+            self.wait_enrolled([client, cross])
+            self.serve(cross)
+            self.cold_combo = Combo("coldpool", "cross", c, client, cross)
         order = {k: i for i, (k, _) in enumerate(PATHS)}
         self.combos.sort(key=lambda x: (order[x.path], [t for t, _ in TOPOLOGIES].index(x.topo)))
 
@@ -241,10 +356,18 @@ class ClusterBench:
     def loadgen(self, combo, args):
         self.check_budget()
         t = self.o.op_timeout
-        cmd = [self.loadgen_bin, "client", "--target", "%s:%d" % (combo.server.ip, SERVER_PORT),
+        cmd = [self.loadgen_bin, "client", "--target", combo.target,
                "--via", "tcp", "--timeout", str(t), "--netns-only", "yes"] + args
+        counted = self.measuring and combo.path == "passthrough"
         try:
+            if counted:
+                before = self.plain_relay_counts(combo)
             out = combo.client.sh(cmd, timeout=t + 20, check=False)
+            if counted:
+                after = self.plain_relay_counts(combo)
+                d = self.plain_relays.setdefault(combo.key, {"splice": 0, "copy": 0})
+                for k in d:
+                    d[k] += after[k] - before[k]
         except self.lib.ClusterError as e:
             raise BenchError("%s: %s" % (combo.key, e))
         for line in reversed(out.strip().splitlines()):
@@ -265,6 +388,29 @@ class ClusterBench:
     def pingpong(self, combo, iters, warmup):
         return self.loadgen(combo, ["--mode", "pingpong", "--size", "1024", "--iters", str(iters),
                                     "--warmup", str(warmup)])
+
+    def first_byte_combos(self):
+        out = []
+        for key, label in FIRST_BYTE_ROWS:
+            x = self.cold_combo if key == "coldpool" else next(
+                (x for x in self.combos if x.key == key + "/cross"), None)
+            if x is not None:
+                out.append((key, label, x))
+        return out
+
+    def first_byte(self, combo, conns):
+        """connect() -> first echoed byte on new connections; for (2e) and (2) also the delta of
+        sockmesh_pool_connections_opened_total (client node) over the samples."""
+        pause = FIRST_BYTE_COLD_PAUSE_MS if combo.path == "coldpool" else 0
+        node = combo.client.node if combo.path in ("coldpool", "bypass") else None
+        before = node and self.lib.metric_value(node.metrics(),
+                                                "sockmesh_pool_connections_opened_total")
+        r = self.loadgen(combo, ["--mode", "connect", "--conns", str(conns), "--size",
+                                 str(FIRST_BYTE_SIZE), "--pause-ms", str(pause)])
+        if node:
+            r["pool_opened"] = int(self.lib.metric_value(
+                node.metrics(), "sockmesh_pool_connections_opened_total") - before)
+        return r
 
     def evidence(self):
         """Counters that show each path went the way its label says: the loader's counters for
@@ -313,7 +459,12 @@ class ClusterBench:
             self.loadgen(x, ["--mode", "throughput", "--bytes", str(o.warmup_bytes),
                              "--streams", "1"])
             self.pingpong(x, 200, 100)
+        fb = self.first_byte_combos() if o.first_byte_conns else []
+        for _, _, x in fb:
+            self.first_byte(x, 8)
+        fbres = {k: [] for k, _, _ in fb}
         ev0 = self.evidence()
+        self.measuring = True
         res = {x.key: {"tp1": [], "tp8": [], "pp": []} for x in self.combos}
         n = len(self.combos)
         for rep in range(o.reps):
@@ -330,17 +481,23 @@ class ClusterBench:
                 log("rep %d/%d %-16s %d streams x %d MiB" % (rep + 1, o.reps, x.key, o.streams,
                                                             o.tp8_bytes // o.streams // MiB))
                 res[x.key]["tp8"].append(self.throughput(x, o.tp8_bytes, o.streams))
+            for k, _, x in fb[rep % max(1, len(fb)):] + fb[:rep % max(1, len(fb))]:
+                log("rep %d/%d %-16s %d new connections, first byte" % (rep + 1, o.reps, k,
+                                                                      o.first_byte_conns))
+                fbres[k].append(self.first_byte(x, o.first_byte_conns))
             for c in self.made:
                 for node in c.nodes:
                     if not node.proxy.alive():
                         raise BenchError("%s's proxy of cluster %s exited:\n%s" % (
                             node.name, c.id, node.proxy.log()[-3000:]))
+        self.measuring = False
         ev1 = self.evidence()
         rss = {}
         for path in ("bypass", "nofast", "nobypass", "iptables"):
             c = self.clusters.get(path)
             if c is not None and path in o.paths:
                 rss[path] = {n.name: rss_kib(n.proxy.pid) for n in c.nodes}
+        self.fbres = fbres
         return res, ev0, ev1, rss
 
     # -- report -----------------------------------------------------------------------------
@@ -410,6 +567,7 @@ class ClusterBench:
                     ratio("p99", "%.2f×"), v["cpu_per_gb"], ratio("cpu_per_gb", "%.2f×"),
                     "—" if v["rss_mib"] is None else "%.1f" % v["rss_mib"]))
             L.append("")
+        L.extend(self.target_lines(s))
         L.append("CPU s/GB: CPU time (usage_usec of the cgroup v2 tree of the path's cluster: the "
                  "client and server pods' processes and both node proxies; the node agents are "
                  "outside it and idle) over all throughput runs (1 and %d streams), divided by "
@@ -449,12 +607,99 @@ class ClusterBench:
                  "over, as istio-cni's in-pod rules do. Client, proxies and server share this "
                  "machine's %d CPUs with whatever else runs: compare rows of one run only." % (
                      SM_MARK_PROXY, SM_MARK_LOCAL_HOP, IPT_ROUTE_TABLE, os.cpu_count()))
+        L.extend(self.first_byte_lines(s))
         for n in self.notes:
             L.append(n)
         text = "\n".join(L) + "\n"
         raw = {"options": {k: v for k, v in vars(o).items()}, "results": res, "summary": s,
+               "first_byte": self.fbres,
                "rss_kib": rss, "evidence_before": ev0, "evidence_after": ev1}
         return text, raw, s
+
+    def first_byte_lines(self, s):
+        """The first-byte table (across nodes); fills self.fbsum for the chart."""
+        if not self.fbres:
+            return []
+        med = statistics.median
+        L = ["", "### First byte of a new connection, across nodes", "",
+             "| path | p50 µs | p99 µs | vs no mesh (p50) | HBONE connections opened / samples |",
+             "|---|---:|---:|---:|---:|"]
+        base = None
+        for key, label in FIRST_BYTE_ROWS:
+            rs = self.fbres.get(key)
+            if not rs:
+                continue
+            p50, p99 = med(r["p50_us"] for r in rs), med(r["p99_us"] for r in rs)
+            if key == "nomesh":
+                base = p50
+            self.fbsum[key] = {"p50": p50, "p99": p99}
+            opened = ("%d / %d" % (sum(r["pool_opened"] for r in rs), sum(r["conns"] for r in rs))
+                      if "pool_opened" in rs[0] else "—")
+            L.append("| %s | %.1f | %.1f | %s | %s |" % (label, p50, p99,
+                                                        "%.2f×" % (p50 / base) if base else "—",
+                                                        opened))
+        L.append("")
+        L.append("`sockmesh-loadgen client --mode connect --conns %d --size %d`, %d times "
+                 "(medians of the runs' p50 and p99): the time from just before connect() to the "
+                 "first byte of the echo of a %d-byte message written as soon as connect() "
+                 "returned, on a new connection each sample. (2e) runs on a cluster of its own "
+                 "whose proxies have --pool-idle-timeout-ms %d, with %d ms between samples, so that "
+                 "the client proxy's pool is empty at every sample (the pool key is source "
+                 "identity + source IP + destination, so a new client source per sample would "
+                 "need a new pod per sample; the timeout is a flag the proxy has); the opened "
+                 "column (sockmesh_pool_connections_opened_total on the client's node) shows "
+                 "whether each sample opened an HBONE connection. (2) reuses the pooled one. "
+                 "(t)'s relay 1 does a TCP connect and a TLS 1.3 handshake with relay 2 per new "
+                 "connection." % (
+                     self.o.first_byte_conns, FIRST_BYTE_SIZE, self.o.reps, FIRST_BYTE_SIZE,
+                     FIRST_BYTE_POOL_IDLE_MS, FIRST_BYTE_COLD_PAUSE_MS))
+        L.append("")
+        return L
+
+    def target_lines(self, s):
+        """Issue 16's targets for (5) and for sockmesh across nodes against (t), as lines."""
+        L = []
+        for topo, tlabel in TOPOLOGIES:
+            v, base = s.get("passthrough/" + topo), s.get("nomesh/" + topo)
+            if v is None or base is None:
+                continue
+            r = v["tp1"] / base["tp1"]
+            pr = self.plain_relays.get("passthrough/" + topo, {})
+            L.append("- Passthrough (5), %s: 1 stream %.2f against %.2f Gbit/s with no mesh = "
+                     "%.0f%% (target ≥ %.0f%%: %s); %d streams %.0f%%. Relays that carried it "
+                     "(sockmesh_plain_relays_total deltas over this row's measured runs, both "
+                     "nodes): splice +%d, copy +%d." % (
+                         tlabel, v["tp1"], base["tp1"], 100 * r, 100 * TARGET_PASSTHROUGH_VS_NOMESH,
+                         "met" if r >= TARGET_PASSTHROUGH_VS_NOMESH else "NOT met", self.o.streams,
+                         100 * v["tp8"] / base["tp8"], pr.get("splice", 0), pr.get("copy", 0)))
+        v, t = s.get("bypass/cross"), s.get("tlsfloor/cross")
+        if v is not None and t is not None:
+            d = v["p50"] - t["p50"]
+            c = v["cpu_per_gb"] / t["cpu_per_gb"]
+            L.append("- Sockmesh (2) across nodes against the TLS floor (t): 1 KiB RTT p50 %.1f "
+                     "against %.1f µs, %+.1f µs (target within %.0f µs: %s); p99 %+.1f µs; CPU "
+                     "s/GB %.2f against %.2f = %.2f× (target ≤ %.2g: %s); 1 stream %.2f against "
+                     "%.2f Gbit/s." % (
+                         v["p50"], t["p50"], d, TARGET_RTT_OVER_TLS_FLOOR_US,
+                         "met" if d <= TARGET_RTT_OVER_TLS_FLOOR_US else "NOT met",
+                         v["p99"] - t["p99"], v["cpu_per_gb"], t["cpu_per_gb"], c,
+                         TARGET_CPU_VS_TLS_FLOOR, "met" if c <= TARGET_CPU_VS_TLS_FLOOR else
+                         "NOT met", v["tp1"], t["tp1"]))
+        f = s.get("floor/cross")
+        if f is not None and t is not None:
+            L.append("- (f) → (t), what mTLS 1.3 alone costs across nodes: RTT p50 %+.1f µs, CPU "
+                     "s/GB %.2f → %.2f." % (t["p50"] - f["p50"], f["cpu_per_gb"], t["cpu_per_gb"]))
+        if L:
+            L.append("")
+            L.append("(f) and (t) are `sockmesh-loadgen relay` (one epoll thread; (t) with "
+                     "`--tls-to`/`--tls-listen`, TLS 1.3 AES-128-GCM, mutual certificates, no "
+                     "HTTP/2) run in the pods of (1): relay 1 in the client pod on 127.0.0.1, "
+                     "relay 2 in the server pod on node-b, which relays to the server app on its "
+                     "lo, where the two proxies sit on the mesh path. Their CPU is in the same "
+                     "cgroup tree. (5) is (2)'s mesh client pod talking to pods of a namespace not "
+                     "labelled for the mesh, on (2)'s cluster.")
+            L.append("")
+        return L
 
     def chart(self, s, png):
         try:
@@ -469,17 +714,29 @@ class ClusterBench:
         topos = [t for t in TOPOLOGIES if any(x.topo == t[0] for x in self.combos)]
         paths = [p for p in PATHS if any(x.path == p[0] for x in self.combos)]
         colours = {"nomesh": "#8c8c8c", "bypass": "#2ca02c", "nofast": "#ff7f0e", "nobypass": "#1f77b4",
-                   "iptables": "#d62728", "basebypass": "#98df8a", "basenobypass": "#aec7e8"}
+                   "iptables": "#d62728", "passthrough": "#9467bd", "floor": "#c7c7c7",
+                   "tlsfloor": "#17becf", "basebypass": "#98df8a", "basenobypass": "#aec7e8"}
         panels = [("tp1", "1 stream, Gbit/s (higher is better)"),
                   ("tp8", "%d streams, Gbit/s (higher is better)" % o.streams),
                   ("cpu_per_gb", "CPU s per GB moved (cgroup tree)"),
                   ("p50", "1 KiB round trip p50, µs"),
                   ("p99", "1 KiB round trip p99, µs"),
-                  ("rss", "node proxies' RSS after the run, MiB")]
-        fig, axes = plt.subplots(2, 3, figsize=(14, 8))
+                  ("rss", "node proxies' RSS after the run, MiB"),
+                  ("firstbyte", "first byte of a new connection, across nodes, p50 µs")]
+        fig, axes = plt.subplots(2, 4, figsize=(18, 8))
+        axes.flat[-1].axis("off")
         width = 0.8 / max(1, len(paths))
         for ax, (field, title) in zip(axes.flat, panels):
-            if field == "rss":
+            if field == "firstbyte":
+                ks = [(k, lbl) for k, lbl in FIRST_BYTE_ROWS if k in self.fbsum]
+                vals = [self.fbsum[k]["p50"] for k, _ in ks]
+                fbc = dict(colours, coldpool="#bcbd22")
+                ax.bar(range(len(ks)), vals, 0.6, color=[fbc[k] for k, _ in ks])
+                for i, y_ in enumerate(vals):
+                    ax.annotate("%.0f" % y_, (i, y_), ha="center", va="bottom", fontsize=7)
+                ax.set_xticks(range(len(ks)))
+                ax.set_xticklabels([lbl.split(" ", 1)[0] for _, lbl in ks])
+            elif field == "rss":
                 # One figure per cluster (the two proxies of the path), not per topology.
                 ks = [p for p in paths if any(v["path"] == p[0] and v["rss_mib"] is not None
                                               for v in s.values())]
@@ -551,10 +808,12 @@ class ClusterBench:
 def parse_args(argv):
     ap = bench_arguments(__doc__, ROOT, "smaller transfers and fewer round trips (about 2 min)",
                          "repetitions (default 3)", "MiB for the 1-stream run (8 streams: twice)")
-    ap.add_argument("--paths", default="nomesh,bypass,nofast,nobypass,iptables",
-                    help="comma list of: nomesh, bypass, nofast (same node only), nobypass, "
-                    "iptables")
+    ap.add_argument("--paths", default="nomesh,bypass,nofast,nobypass,iptables,passthrough,floor,"
+                    "tlsfloor", help="comma list of: nomesh, bypass, nofast (same node only), "
+                    "nobypass, iptables, passthrough, floor and tlsfloor (across nodes only)")
     ap.add_argument("--topologies", default="cross,same", help="comma list of: cross, same")
+    ap.add_argument("--first-byte-conns", type=int, help="new connections per first-byte sample "
+                    "run (default 20 quick, 100 full; 0: no first-byte rows)")
     ap.add_argument("--out", help="Markdown file (default bench/results/cluster-<time>.md)")
     ap.add_argument("--max-seconds", type=int, help="time budget of the whole run")
     ap.add_argument("--baseline-rev", help="also run (2) and (3) on binaries built from this git "
@@ -585,7 +844,9 @@ def parse_args(argv):
     o.streams = 8
     o.warmup_bytes = 16 * MiB
     o.op_timeout = 60 if o.quick else 120
-    o.max_seconds = o.max_seconds or (300 if o.quick else 1500)
+    if o.first_byte_conns is None:
+        o.first_byte_conns = 20 if o.quick else 100
+    o.max_seconds = o.max_seconds or (480 if o.quick else 1800)
     if not o.out:
         o.out = os.path.join(ROOT, "bench", "results", "cluster-%s.md" %
                              datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))

@@ -7,7 +7,7 @@
 //                    [--tls-listen CERT,KEY,CA | --tls-to CERT,KEY,CA]
 //                    (the benchmark's floor: the least a user-space relay hop can do, with or
 //                    without mTLS on one side, see below)
-//   sockmesh-loadgen client --mode throughput|pingpong|hold|churn --target IP:PORT
+//   sockmesh-loadgen client --mode throughput|pingpong|hold|churn|connect --target IP:PORT
 //                    [--via tcp|socks5|http --proxy IP:PORT] [--bind IP]
 //                    [--bytes N --streams K] [--size B --iters M --warmup W]
 //                    [--conns C] [--seconds S] [--timeout S]
@@ -619,6 +619,7 @@ struct ClientOptions {
   double timeout = 60;
   double hold_seconds = 120;
   double seconds = 20;  // churn: the time bound, beside --conns
+  double pause_ms = 0;  // connect: the pause between two samples
   uint64_t frames = 1000000;              // h2frames
   std::string tls_cert, tls_key, tls_ca;  // h2frames: the client's certificate and the CA
 };
@@ -803,6 +804,55 @@ int run_pingpong(const ClientOptions& o) {
               "\"max_us\": %.2f}\n",
               o.size, us.size(), pct(0.5), pct(0.9), pct(0.99), sum / static_cast<double>(us.size()),
               us.front(), us.back());
+  return 0;
+}
+
+// Connect: --conns new connections one after another, each timed from just before connect() to
+// the first byte of the echo of one --size message written right after the connection is up
+// (so through a mesh: the capture, the proxy's handshakes and CONNECT, and the first relay), with
+// --pause-ms between them (a pool idle timeout can then empty the proxy's pool between samples).
+int run_connect(const ClientOptions& o) {
+  if (o.size == 0 || o.size > kMaxMessage || o.conns <= 0) {
+    errno = 0;
+    fail("bad --size or --conns");
+  }
+  std::vector<uint8_t> out(o.size, 'n'), in(o.size);
+  std::vector<double> us;
+  us.reserve(o.conns);
+  auto deadline = Clock::now() + std::chrono::duration<double>(o.timeout);
+  for (int i = 0; i < o.conns; ++i) {
+    if (Clock::now() > deadline) {
+      errno = 0;
+      fail("deadline passed after " + std::to_string(i) + " connections");
+    }
+    if (i > 0 && o.pause_ms > 0) {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o.pause_ms));
+    }
+    out[0] = static_cast<uint8_t>(i);
+    auto t0 = Clock::now();
+    Fd fd = open_tunnel(o);
+    send_header(fd.get(), kOpEcho, o.size);
+    write_all(fd.get(), out.data(), out.size());
+    if (!read_exact(fd.get(), in.data(), 1)) {
+      errno = 0;
+      fail("echo closed before its first byte");
+    }
+    auto t1 = Clock::now();
+    if (!read_exact(fd.get(), in.data() + 1, in.size() - 1) || in != out) {
+      errno = 0;
+      fail("echo closed or differs");
+    }
+    us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  std::vector<double> sorted = us;
+  std::sort(sorted.begin(), sorted.end());
+  auto pct = [&](double p) {
+    size_t idx = static_cast<size_t>(p * static_cast<double>(sorted.size() - 1) + 0.5);
+    return sorted[std::min(idx, sorted.size() - 1)];
+  };
+  std::printf("{\"mode\": \"connect\", \"size\": %zu, \"conns\": %zu, \"p50_us\": %.2f, "
+              "\"p99_us\": %.2f, \"min_us\": %.2f, \"max_us\": %.2f, \"first_us\": %.2f}\n",
+              o.size, sorted.size(), pct(0.5), pct(0.99), sorted.front(), sorted.back(), us.front());
   return 0;
 }
 
@@ -1185,12 +1235,13 @@ void usage() {
       "           [--transparent yes] [--mark N] [--register PIN_ROOT,POD_IP]\n"
       "       sockmesh-loadgen relay --listen IP:PORT --to IP:PORT [--max-seconds S]\n"
       "           [--tls-listen CERT,KEY,CA | --tls-to CERT,KEY,CA]\n"
-      "       sockmesh-loadgen client --mode throughput|pingpong|hold|churn --target IP:PORT\n"
+      "       sockmesh-loadgen client --mode throughput|pingpong|hold|churn|connect --target IP:PORT\n"
       "           [--via tcp|socks5|http --proxy IP:PORT] [--bind IP] [--timeout S]\n"
       "           throughput: [--bytes N[K|M|G]] [--streams K]\n"
       "           pingpong:   [--size B] [--iters M] [--warmup W]\n"
       "           hold:       [--conns C] [--hold-seconds S]\n"
       "           churn:      [--conns C] [--streams K] [--size B] [--seconds S]\n"
+      "           connect:    [--conns C] [--size B] [--pause-ms P] (connect() -> first echoed byte)\n"
       "       sockmesh-loadgen client --mode h2frames --via h2 --proxy IP:PORT\n"
       "           --tls CERT,KEY,CA --target IP:PORT [--frames N] [--size B]\n"
       "       --netns-only yes: non-loopback addresses too, only outside the initial netns\n");
@@ -1295,6 +1346,7 @@ int main(int argc, char** argv) {
     o.timeout = std::stod(get("timeout", "120"));
     o.hold_seconds = std::stod(get("hold-seconds", "120"));
     o.seconds = std::stod(get("seconds", "20"));
+    o.pause_ms = std::stod(get("pause-ms", "0"));
     o.frames = parse_size(get("frames", "1000000"));
     if (auto t = get("tls", ""); !t.empty()) {
       auto c1 = t.find(',');
@@ -1308,6 +1360,7 @@ int main(int argc, char** argv) {
     if (o.mode == "pingpong") return run_pingpong(o);
     if (o.mode == "hold") return run_hold(o);
     if (o.mode == "churn") return run_churn(o);
+    if (o.mode == "connect") return run_connect(o);
     if (o.mode == "h2frames") return run_h2frames(o);
     usage();
     return 2;
