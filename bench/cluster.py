@@ -808,9 +808,13 @@ class ClusterBench:
 def parse_args(argv):
     ap = bench_arguments(__doc__, ROOT, "smaller transfers and fewer round trips (about 2 min)",
                          "repetitions (default 3)", "MiB for the 1-stream run (8 streams: twice)")
-    ap.add_argument("--paths", default="nomesh,bypass,nofast,nobypass,iptables,passthrough,floor,"
-                    "tlsfloor", help="comma list of: nomesh, bypass, nofast (same node only), "
-                    "nobypass, iptables, passthrough, floor and tlsfloor (across nodes only)")
+    # passthrough is not in the default: with its pods on (2)'s cluster, a loadgen flow of (2) or
+    # (5) failed in warm-up (recv: EAGAIN) in 3 of the 4 runs that had it on 2026-12-03 (never in
+    # 4 runs of --paths bypass alone). Not understood yet; add it with --paths ...,passthrough.
+    ap.add_argument("--paths", default="nomesh,bypass,nofast,nobypass,iptables,floor,tlsfloor",
+                    help="comma list of: nomesh, bypass, nofast (same node only), nobypass, "
+                    "iptables, passthrough (not in the default, see above), floor and tlsfloor "
+                    "(across nodes only)")
     ap.add_argument("--topologies", default="cross,same", help="comma list of: cross, same")
     ap.add_argument("--first-byte-conns", type=int, help="new connections per first-byte sample "
                     "run (default 20 quick, 100 full; 0: no first-byte rows)")
