@@ -71,7 +71,7 @@ Result<FlowKey> app_flow_of_proxy_socket(int fd) {
 }
 
 Result<BypassFlows> BypassFlows::open(const std::string& pin_root) {
-  auto bypass = PinnedMap::open(pin_root, SM_MAP_BYPASS, Access::kReadOnly, kBypassShape);
+  auto bypass = PinnedMap::open(pin_root, SM_MAP_BYPASS, Access::kReadWrite, kBypassShape);
   if (!bypass) return bypass.error();
   auto stack = PinnedMap::open(pin_root, SM_MAP_STACK_FLOWS, Access::kReadWrite, kStackFlowsShape);
   if (!stack) return stack.error();
@@ -98,6 +98,15 @@ Status BypassFlows::pin_to_stack(const FlowKey& app) const {
   sm_flow_key key = app.to_kernel();
   int err = stack_flows_.update(&key, &kPinnedValue, BPF_ANY);
   if (err != 0) return Error::from_errno(-err, "pinning " + app.to_string() + " in " + path());
+  return {};
+}
+
+Status BypassFlows::release_app_socket(const FlowKey& app) const {
+  sm_flow_key key = app.to_kernel();
+  int err = bypass_.remove(&key);
+  if (err != 0 && err != -ENOENT) {
+    return Error::from_errno(-err, "removing " + app.to_string() + " from " + bypass_.path());
+  }
   return {};
 }
 

@@ -45,7 +45,8 @@ Result<FlowKey> app_flow_of_proxy_socket(int fd);
 
 class BypassFlows {
  public:
-  // Opens <pin_root>/sm_bypass (looked up only) and <pin_root>/sm_stack_flows (written). Fails
+  // Opens <pin_root>/sm_bypass (looked up, and app sockets removed) and <pin_root>/sm_stack_flows
+  // (written). Fails
   // when sockmesh is not installed there, or was built with another layout of the maps.
   static Result<BypassFlows> open(const std::string& pin_root = SM_PIN_ROOT_DEFAULT);
 
@@ -54,6 +55,14 @@ class BypassFlows {
   bool bypassed(const FlowKey& socket) const;
   // Sends the app's later bytes on flow `app` through the TCP stack. Idempotent.
   Status pin_to_stack(const FlowKey& app) const;
+  // Takes the app's socket of flow `app` out of sm_bypass, which gives it back TCP's own receive
+  // path. Only for a flow already pinned: without the pin, a send racing with the removal could
+  // still be redirected. Loses nothing: nothing is ever redirected into an app's socket (only the
+  // app's sends are), so its psock's queue is empty. Why it matters: while in the SOCKHASH, the
+  // socket's recvmsg is tcp_bpf's, which answers a wakeup that brought no data (the ACKs of a
+  // full send buffer, which only a flow on the stack path has) with EAGAIN, even on a blocking
+  // socket (tests/loader/bypass_pinning_test.cc). Idempotent: an entry already gone is success.
+  Status release_app_socket(const FlowKey& app) const;
   // Whether the flow is pinned (for tests and diagnostics).
   bool pinned(const FlowKey& app) const;
 

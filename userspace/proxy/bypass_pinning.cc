@@ -81,8 +81,17 @@ std::function<void()> BypassPinning::read_paused_handler(int fd) {
       return;
     }
     pinned->inc();
+    // The flow will not come back to the redirect, so the app's socket leaves sm_bypass: its
+    // receive path is TCP's again (see BypassFlows::release_app_socket for why that matters).
+    if (auto s = map->release_app_socket(app); !s) {
+      static std::atomic<bool> warned{false};
+      if (!warned.exchange(true)) {
+        SM_WARN("proxy") << "bypass: " << s.error().message
+                         << "; the app's socket keeps sockmap's receive path";
+      }
+    }
     SM_DEBUG("proxy") << "bypass: reading paused, app flow " << app.to_string()
-                      << " pinned to the TCP stack";
+                      << " pinned to the TCP stack and its socket out of the bypass";
   };
 }
 
