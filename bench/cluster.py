@@ -73,6 +73,8 @@ PATHS = [
     ("nobypass", "(3) sockmesh: tc, no bypass"),
     ("iptables", "(4) sockmesh fed by iptables REDIRECT"),
     ("passthrough", "(5) passthrough: mesh client pod → pod not in the mesh"),
+    ("ptsplice", "(5s) as (5) on (3)'s cluster (no bypass): the proxy splices"),
+    ("ptfloor", "(p) passthrough floor: 1 minimal relay in the client pod, no TLS"),
     ("floor", "(f) floor: 2 minimal relays in the pods, no TLS"),
     ("tlsfloor", "(t) TLS floor: the relays with mTLS 1.3 between them"),
     # --baseline-rev / --baseline-build: (2) and (3) again, on the binaries of another build.
@@ -84,6 +86,9 @@ BASELINE_PATHS = ("basebypass", "basenobypass")
 # in the client pod, relay 2 in the server pod on node-b), on the pods of (1).
 FLOOR_PATHS = ("floor", "tlsfloor")
 FLOOR_PORTS = {"floor": (17011, 17012), "tlsfloor": (17021, 17022)}
+# (p), both topologies, on the pods of (1): the one relay a passthrough has, in the client pod, to
+# the server app; one relay (and port) per server.
+PT_FLOOR_PORTS = {"cross": 17031, "same": 17032}
 # Targets of issue 16 that these rows are for.
 TARGET_PASSTHROUGH_VS_NOMESH = 0.70
 TARGET_RTT_OVER_TLS_FLOOR_US = 10.0
@@ -100,6 +105,9 @@ FIRST_BYTE_ROWS = [
     ("coldpool", "(2e) sockmesh, the HBONE pool empty (TCP + mTLS handshake + CONNECT)"),
     ("tlsfloor", "(t) TLS floor relays (TCP + mTLS 1.3 handshake between the relays)"),
 ]
+# The passthrough rows and the cluster each runs on: (5) with the sockmap bypass (the app's socket
+# is bypassed, so the proxy copies), (5s) without it (the proxy splices both ways).
+PASSTHROUGH_HOSTS = {"passthrough": "bypass", "ptsplice": "nobypass"}
 TOPOLOGIES = [("cross", "across nodes"), ("same", "same node")]
 
 
@@ -227,6 +235,22 @@ class ClusterBench:
             self.lib.wait_until("%s relay in %s" % (key, pod), up, 15)
         return "127.0.0.1:%d" % p1
 
+    def pt_floor_relay(self, topo, client, server):
+        """Starts (p)'s relay in the client pod (on its lo) to the server app; returns its
+        address, the client's target."""
+        port = PT_FLOOR_PORTS[topo]
+        proc = client.spawn("ptfloor-%s-relay" % topo, [
+            self.loadgen_bin, "relay", "--listen", "127.0.0.1:%d" % port,
+            "--to", "%s:%d" % (server.ip, SERVER_PORT), "--netns-only", "yes",
+            "--max-seconds", str(self.o.max_seconds + 300)])
+
+        def up():
+            if not proc.alive():
+                raise BenchError("(p) relay in %s exited: %s" % (client, proc.log()[-2000:]))
+            return (":%d " % port) in client.sh(["ss", "-Hltn"])
+        self.lib.wait_until("(p) relay in %s" % client, up, 15)
+        return "127.0.0.1:%d" % port
+
     def plain_relay_counts(self, combo):
         texts = [n.metrics() for n in combo.cluster.nodes]
         return {r: int(sum(self.lib.metric_value(t, "sockmesh_plain_relays_total", relay=r)
@@ -269,23 +293,26 @@ class ClusterBench:
         o = self.o
         specs = [("bypass", True), ("nofast", True), ("nobypass", False), ("iptables", False),
                  ("basebypass", True), ("basenobypass", False)]
-        # (5) runs on (2)'s cluster, (f) and (t) on the pods of (1) (the cluster of (4)).
+        # (5) runs on (2)'s cluster, (5s) on (3)'s, (f) and (t) on the pods of (1) (the cluster
+        # of (4)).
         wanted = set(o.paths)
-        if "passthrough" in wanted:
-            wanted.add("bypass-cluster")
-        if wanted & set(FLOOR_PATHS):
+        hosts = {}  # cluster path -> the passthrough row it carries
+        for pt, host in PASSTHROUGH_HOSTS.items():
+            if pt in wanted:
+                hosts[host] = pt
+        if wanted & set(FLOOR_PATHS + ("ptfloor",)):
             wanted.add("nomesh")
         for path, bypass in specs:
             if path not in o.paths and not (path == "iptables" and "nomesh" in wanted) and \
-                    not (path == "bypass" and "bypass-cluster" in wanted):
+                    path not in hosts:
                 continue
             self.check_budget()
             c = self.new_cluster(path, bypass, o.baseline_build if path in BASELINE_PATHS else None,
                                  ["--same-node-fast-path", "false"] if path == "nofast" else ())
             if path == "iptables":
                 c.label_namespace("plain", False)
-            if path == "bypass" and "passthrough" in o.paths:
-                c.label_namespace("plain-pt", False)
+            if path in hosts:
+                c.label_namespace("plain-" + hosts[path], False)
             c.label_namespace("mesh-" + path, True)
             c.up()
             self.clusters[path] = c
@@ -295,24 +322,24 @@ class ClusterBench:
             if path == "iptables" and "nomesh" in wanted:
                 groups.append(("nomesh", "plain"))
                 self.clusters["nomesh"] = c
-            if path == "bypass" and "passthrough" in o.paths:
-                if path not in o.paths:  # (5) still needs a mesh client pod
-                    groups.append(("bypass-client-only", "mesh-" + path))
-                groups.append(("passthrough", "plain-pt"))
+            if path in hosts:
+                if path not in o.paths:  # (5)/(5s) still needs a mesh client pod
+                    groups.append(("client-only", "mesh-" + path))
+                groups.append((hosts[path], "plain-" + hosts[path]))
             mesh_client = None
             for key, ns in groups:
-                if key == "passthrough":
-                    # The mesh client pod of (2) -> server pods in a namespace not labelled.
-                    same = c.add_pod("node-a", ns, "pt-srv-a", "bench-server")
-                    cross = c.add_pod("node-b", ns, "pt-srv-b", "bench-server")
+                if key in PASSTHROUGH_HOSTS:
+                    # The mesh client pod of (2)/(3) -> server pods in a namespace not labelled.
+                    same = c.add_pod("node-a", ns, key + "-srv-a", "bench-server")
+                    cross = c.add_pod("node-b", ns, key + "-srv-b", "bench-server")
                     for pod in (same, cross):
                         self.serve(pod)
                     for topo, server in (("cross", cross), ("same", same)):
                         if topo in o.topologies:
                             self.combos.append(Combo(key, topo, c, mesh_client, server))
                     continue
-                if key == "bypass-client-only":
-                    mesh_client = c.add_pod("node-a", ns, "bypass-client", "bench-client")
+                if key == "client-only":
+                    mesh_client = c.add_pod("node-a", ns, path + "-client", "bench-client")
                     self.wait_enrolled([mesh_client])
                     continue
                 client, same, cross = self.pods_for(c, key, ns)
@@ -322,7 +349,7 @@ class ClusterBench:
                     for pod in (client, same, cross):
                         self.iptables_capture(pod)
                     log("  iptables: tc detached, REDIRECT rules in the 3 pods of (4)")
-                if key == "bypass":
+                if key in hosts:
                     mesh_client = client
                 for pod in (same, cross):
                     self.serve(pod)
@@ -331,6 +358,12 @@ class ClusterBench:
                     if topo in o.topologies and (key != "nofast" or topo == "same") and \
                             key in o.paths:
                         self.combos.append(Combo(key, topo, c, client, server))
+                if key == "nomesh" and "ptfloor" in o.paths:
+                    for topo, server in (("cross", cross), ("same", same)):
+                        if topo in o.topologies:
+                            self.combos.append(Combo("ptfloor", topo, c, client, server,
+                                                     target=self.pt_floor_relay(topo, client,
+                                                                                server)))
                 if key == "nomesh" and "cross" in o.topologies:
                     for fk in FLOOR_PATHS:
                         if fk in o.paths:
@@ -358,7 +391,7 @@ class ClusterBench:
         t = self.o.op_timeout
         cmd = [self.loadgen_bin, "client", "--target", combo.target,
                "--via", "tcp", "--timeout", str(t), "--netns-only", "yes"] + args
-        counted = self.measuring and combo.path == "passthrough"
+        counted = self.measuring and combo.path in PASSTHROUGH_HOSTS
         try:
             if counted:
                 before = self.plain_relay_counts(combo)
@@ -659,19 +692,27 @@ class ClusterBench:
     def target_lines(self, s):
         """Issue 16's targets for (5) and for sockmesh across nodes against (t), as lines."""
         L = []
-        for topo, tlabel in TOPOLOGIES:
-            v, base = s.get("passthrough/" + topo), s.get("nomesh/" + topo)
+        for (pt, label), (topo, tlabel) in [(p, t) for p in (("passthrough", "(5)"),
+                                                               ("ptsplice", "(5s)"))
+                                            for t in TOPOLOGIES]:
+            v, base = s.get(pt + "/" + topo), s.get("nomesh/" + topo)
             if v is None or base is None:
                 continue
             r = v["tp1"] / base["tp1"]
-            pr = self.plain_relays.get("passthrough/" + topo, {})
-            L.append("- Passthrough (5), %s: 1 stream %.2f against %.2f Gbit/s with no mesh = "
+            pr = self.plain_relays.get(pt + "/" + topo, {})
+            fl = s.get("ptfloor/" + topo)
+            floor_note = "" if fl is None else (
+                " The floor (p), one minimal relay: %.2f Gbit/s = %.0f%% of no mesh; %s = %.0f%% "
+                "of the floor." % (fl["tp1"], 100 * fl["tp1"] / base["tp1"], label,
+                                   100 * v["tp1"] / fl["tp1"]))
+            L.append("- Passthrough " + label + ", %s: 1 stream %.2f against %.2f Gbit/s with no mesh = "
                      "%.0f%% (target ≥ %.0f%%: %s); %d streams %.0f%%. Relays that carried it "
                      "(sockmesh_plain_relays_total deltas over this row's measured runs, both "
                      "nodes): splice +%d, copy +%d." % (
                          tlabel, v["tp1"], base["tp1"], 100 * r, 100 * TARGET_PASSTHROUGH_VS_NOMESH,
                          "met" if r >= TARGET_PASSTHROUGH_VS_NOMESH else "NOT met", self.o.streams,
-                         100 * v["tp8"] / base["tp8"], pr.get("splice", 0), pr.get("copy", 0)))
+                         100 * v["tp8"] / base["tp8"], pr.get("splice", 0), pr.get("copy", 0))
+                     + floor_note)
         v, t = s.get("bypass/cross"), s.get("tlsfloor/cross")
         if v is not None and t is not None:
             d = v["p50"] - t["p50"]
@@ -697,7 +738,9 @@ class ClusterBench:
                      "relay 2 in the server pod on node-b, which relays to the server app on its "
                      "lo, where the two proxies sit on the mesh path. Their CPU is in the same "
                      "cgroup tree. (5) is (2)'s mesh client pod talking to pods of a namespace not "
-                     "labelled for the mesh, on (2)'s cluster.")
+                     "labelled for the mesh, on (2)'s cluster: the app's socket is in the sockmap "
+                     "bypass, which splice cannot read, so the proxy copies. (5s) is the same on "
+                     "(3)'s cluster (no bypass), where the proxy splices both ways.")
             L.append("")
         return L
 
@@ -714,7 +757,7 @@ class ClusterBench:
         topos = [t for t in TOPOLOGIES if any(x.topo == t[0] for x in self.combos)]
         paths = [p for p in PATHS if any(x.path == p[0] for x in self.combos)]
         colours = {"nomesh": "#8c8c8c", "bypass": "#2ca02c", "nofast": "#ff7f0e", "nobypass": "#1f77b4",
-                   "iptables": "#d62728", "passthrough": "#9467bd", "floor": "#c7c7c7",
+                   "iptables": "#d62728", "passthrough": "#9467bd", "ptsplice": "#c5b0d5", "ptfloor": "#e7e7e7", "floor": "#c7c7c7",
                    "tlsfloor": "#17becf", "basebypass": "#98df8a", "basenobypass": "#aec7e8"}
         panels = [("tp1", "1 stream, Gbit/s (higher is better)"),
                   ("tp8", "%d streams, Gbit/s (higher is better)" % o.streams),
@@ -808,13 +851,12 @@ class ClusterBench:
 def parse_args(argv):
     ap = bench_arguments(__doc__, ROOT, "smaller transfers and fewer round trips (about 2 min)",
                          "repetitions (default 3)", "MiB for the 1-stream run (8 streams: twice)")
-    # passthrough is not in the default: with its pods on (2)'s cluster, a loadgen flow of (2) or
-    # (5) failed in warm-up (recv: EAGAIN) in 3 of the 4 runs that had it on 2026-12-03 (never in
-    # 4 runs of --paths bypass alone). Not understood yet; add it with --paths ...,passthrough.
-    ap.add_argument("--paths", default="nomesh,bypass,nofast,nobypass,iptables,floor,tlsfloor",
+    ap.add_argument("--paths",
+                    default="nomesh,bypass,nofast,nobypass,iptables,passthrough,ptsplice,ptfloor,"
+                    "floor,tlsfloor",
                     help="comma list of: nomesh, bypass, nofast (same node only), nobypass, "
-                    "iptables, passthrough (not in the default, see above), floor and tlsfloor "
-                    "(across nodes only)")
+                    "iptables, passthrough, ptsplice, ptfloor, floor and tlsfloor (the last two "
+                    "across nodes only)")
     ap.add_argument("--topologies", default="cross,same", help="comma list of: cross, same")
     ap.add_argument("--first-byte-conns", type=int, help="new connections per first-byte sample "
                     "run (default 20 quick, 100 full; 0: no first-byte rows)")
