@@ -3,7 +3,9 @@ the binaries: for each node the chart is rendered with the node's paths as value
 DaemonSet container becomes a podman container of the image (scripts/lib/podspec.py), with the
 command, args, env, mounts and privileges the manifest gives. Used by
 tests/deploy/test_manifest_runs.py and scripts/demo --containers. Needs root, podman and helm."""
+import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -81,9 +83,12 @@ class ChartRuntime:
         self.netns = []
         self.rendered = {}
 
-    def render(self, n):
+    def render(self, n, extra=None):
+        """The chart's DaemonSets for node n, by name; extra: more --set values on top (e.g. a
+        new tag for an upgrade's surge pod)."""
         c = n.cluster
-        if n.name not in self.rendered:
+        key = (n.name, tuple(sorted((extra or {}).items())))
+        if key not in self.rendered:
             sets = {"tag": self.image.split(":")[1], "runDir": n.run_dir, "zdsSocketDir": n.run_dir,
                     "cniBinDir": n.bin_dir, "cniConfDir": n.conf_dir, "cniNetnsDir": "/run/netns",
                     "bpfPinRoot": n.pin_root, "cgroupRoot": n.cgroup,
@@ -91,23 +96,39 @@ class ChartRuntime:
                     # The simulated kubelet (cluster.Node.kubelet_sh), on the host's hierarchy.
                     "node.probeCgroup": os.path.relpath(n.kubelet_cgroup, cgroup2_mount())}
             sets.update(self.values)
+            sets.update(extra or {})
             argv = [HELM, "template", "sockmesh", CHART, "-n", "istio-system"]
             for k, v in sets.items():
                 argv += ["--set", "%s=%s" % (k, v)]
             docs = [d for d in yaml.safe_load_all(run(argv)) if d]
-            self.rendered[n.name] = {d["metadata"]["name"]: d for d in docs
-                                     if d["kind"] == "DaemonSet"}
-        return self.rendered[n.name]
+            self.rendered[key] = {d["metadata"]["name"]: d for d in docs
+                                  if d["kind"] == "DaemonSet"}
+        return self.rendered[key]
 
-    def _run(self, n, ds_name, container, netns, pod_name, cgroup=None):
-        ds = self.render(n)[ds_name]
+    def _run(self, n, ds_name, container, netns, pod_name, cgroup=None, pod_ip=None, extra=None,
+             suffix=""):
+        ds = self.render(n, extra)[ds_name]
+        c = n.cluster
+        config_maps = {"sockmesh-config": c.work}
+        token_file = None
+        if c.xds and ds_name == "sockmesh":
+            # What a cluster with istiod gives every pod: istiod publishes its root as the
+            # ConfigMap istio-ca-root-cert (key root-cert.pem) in each namespace, and the API
+            # server issues the projected istio-ca token that istiod accepts.
+            roots = os.path.join(c.work, "kubelet-configmaps", "istio-ca-root-cert")
+            os.makedirs(roots, exist_ok=True)
+            if not os.path.exists(os.path.join(roots, "root-cert.pem")):
+                shutil.copy(os.path.join(c.istiod_dir, "root-cert.pem"),
+                            os.path.join(roots, "root-cert.pem"))
+            config_maps["istio-ca-root-cert"] = roots
+            token_file = os.path.join(c.istiod_dir, "istio-token")
         ctx = podspec.PodContext(node_name=n.name, pod_name=pod_name, namespace="istio-system",
-                                 pod_ip=n.link_ip, netns=netns,
-                                 work_dir=os.path.join(n.dir, "kubelet", ds_name),
-                                 config_maps={"sockmesh-config": n.cluster.work},
+                                 pod_ip=pod_ip or n.link_ip, netns=netns,
+                                 work_dir=os.path.join(n.dir, "kubelet", ds_name + suffix),
+                                 config_maps=config_maps, token_file=token_file,
                                  cgroup_parent=self._relative_cgroup(cgroup),
                                  api_server=self.api_server)
-        prefix = "%s-%s-%s" % (n.cluster.id, n.short, ds_name)
+        prefix = "%s-%s-%s%s" % (c.id, n.short, ds_name, suffix)
         runs = dict(podspec.podman_runs(ds, ctx, name_prefix=prefix))
         return Container("%s-%s" % (prefix, container), runs[container])
 
@@ -118,23 +139,58 @@ class ChartRuntime:
         os.makedirs(path, exist_ok=True)
         return "/" + os.path.relpath(path, cgroup2_mount())
 
-    def start_proxy(self, n):
-        ds = self.render(n)["sockmesh"]
+    def start_proxy(self, n, revision=1, extra=None):
+        """The proxy DaemonSet's pod on node n, in a pod netns of its own. revision > 1: an
+        upgrade's surge pod beside the running one (its own netns, name and address), rendered
+        with `extra` values on top (a new tag, say). The container gets .netns_path and .pod_ip.
+        The first revision's netns is where n.http() reaches the proxy's own ports."""
+        ds = self.render(n, extra)["sockmesh"]
         spec = ds["spec"]["template"]["spec"]
         assert not spec.get("hostNetwork")
         # The cluster probes readiness as the manifest's readinessProbe says.
         assert spec["containers"][0]["readinessProbe"]["httpGet"] == {"path": "/healthz/ready",
                                                                      "port": 15021}
-        ns = "%s-%s-proxy" % (n.cluster.id, n.name)
+        suffix = "" if revision == 1 else "-r%d" % revision
+        ns = "%s-%s-proxy%s" % (n.cluster.id, n.name, suffix)
+        pod_ip = None
         if ns not in self.netns:
             run(["ip", "netns", "add", ns])
             self.netns.append(ns)
             run(["ip", "-n", ns, "link", "set", "lo", "up"])
-        n.proxy_netns_path = "/run/netns/" + ns
+            if n.cluster.xds:
+                # On the pod network, as a real proxy pod is: it must reach istiod.
+                pod_ip = self._pod_network(n, ns, 200 + revision)
+        if revision == 1:
+            n.proxy_netns_path = "/run/netns/" + ns
         # Below the node's cgroup, where the demo's proxy runs: on a node sockops sits on the
         # cgroup root, so the proxy's sockets meet it (the bypass) as every pod's do.
-        return self._run(n, "sockmesh", "proxy", "/run/netns/" + ns, "sockmesh-" + n.short,
-                         cgroup=n.proxy_cgroup)
+        pod = "sockmesh-" + n.short + ("-r%d" % revision if revision > 1 else "")
+        c = self._run(n, "sockmesh", "proxy", "/run/netns/" + ns, pod, cgroup=n.proxy_cgroup,
+                      pod_ip=pod_ip, extra=extra, suffix=suffix)
+        c.netns_path, c.pod_ip = "/run/netns/" + ns, pod_ip
+        return c
+
+    @staticmethod
+    def _pod_network(n, ns, host_index):
+        """The node's own pod network (the first plugin of its original conflist: bridge +
+        host-local, as before sockmesh-cni was added) for a proxy pod's netns. Returns its IP."""
+        base = json.loads(n.original_conflist)
+        net = dict(base["plugins"][0])
+        net["cniVersion"], net["name"] = base["cniVersion"], base["name"]
+        ip = "%s.%d" % (n.pod_subnet, host_index)
+        ips = [ip] + (["%s%d" % (n.pod_subnet6, host_index)] if n.cluster.dual_stack else [])
+        net["args"] = {"cni": {"ips": ips}}
+        env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "ctr-" + ns, "CNI_NETNS": "/run/netns/" + ns,
+               "CNI_IFNAME": "eth0", "CNI_PATH": "/usr/lib/cni",
+               "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=istio-system",
+               "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+        r = subprocess.run(["nsenter", "--net=" + n.netns_path, "/usr/lib/cni/" + net["type"]],
+                           input=json.dumps(net), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, env=env, timeout=30)
+        if r.returncode != 0:
+            raise ClusterError("the proxy pod's network (%s ADD): %s %s" % (
+                net["type"], r.stdout.strip(), r.stderr.strip()))
+        return ip
 
     def start_agent(self, n):
         ds = self.render(n)["sockmesh-node"]

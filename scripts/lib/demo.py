@@ -104,12 +104,16 @@ def demo(keep, containers=False, xds=False, dual_stack=True):
         import chart_runtime
         image, summary = chart_runtime.build_image()
         say(summary)
-        runtime = chart_runtime.ChartRuntime(image)
+        # With --xds the chart's ambient profile: xDS and certificates from the fake istiod.
+        runtime = chart_runtime.ChartRuntime(image, values={"profile": "ambient"} if xds else None)
     c = C.Cluster(keep=keep, log=say, runtime=runtime, xds=xds, dual_stack=dual_stack)
     try:
         if runtime:
             # The ConfigMap sockmesh-config (key config.yaml) is the cluster's config file.
             c.config_path = os.path.join(c.work, "config.yaml")
+            if xds:  # istiod's address, as an operator sets it when it is not the default
+                runtime.values.update({"xdsAddress": c.istiod_address,
+                                       "caAddress": c.istiod_address})
         c.up()
         a, b = c.node("node-a"), c.node("node-b")
         if runtime:
@@ -309,10 +313,6 @@ def main(argv):
     p.add_argument("--ipv4-only", action="store_true",
                    help="no IPv6 addresses (the default cluster is dual stack, with one IPv6 flow)")
     args = p.parse_args(argv)
-    if args.containers and args.xds:
-        print("--containers and --xds do not go together yet (the chart's proxy reads the "
-              "config file)", file=sys.stderr)
-        return 2
     if args.containers and args.keep:
         print("--containers and --keep do not go together (--down does not remove containers)",
               file=sys.stderr)

@@ -111,7 +111,11 @@ def _volume_source(vol, ctx, container_name):
         path = os.path.join(ctx.work_dir, "projected", vol["name"])
         os.makedirs(path, exist_ok=True)
         with open(os.path.join(path, sources[0]["serviceAccountToken"]["path"]), "w") as f:
-            f.write(open(ctx.token_file).read() if ctx.token_file else "not-a-real-token\n")
+            if ctx.token_file:
+                with open(ctx.token_file) as t:
+                    f.write(t.read())
+            else:
+                f.write("not-a-real-token\n")
         return path
     raise PodSpecError("volume %s: kind %s is not supported" % (vol["name"], sorted(vol)))
 

@@ -236,6 +236,17 @@ class ChartTest(unittest.TestCase):
         self.assertEqual(proxy_env("profile=ambient", "caAddress=ca.example:15012")["CA_ADDRESS"],
                          "ca.example:15012")
         self.assertNotIn("CA_ADDRESS", proxy_env("profile=ambient", "controlPlane=local"))
+        # ambient: istiod's root is a required ConfigMap (the proxy cannot start without it), and
+        # the unused built-in CA gets no host path; default: the CA's root on the host.
+        def volumes(*sets):
+            ds = find(render(*sets), "DaemonSet", "sockmesh")
+            return {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+        amb = volumes("profile=ambient")
+        self.assertEqual(amb["istiod-ca-cert"]["configMap"], {"name": "istio-ca-root-cert"})
+        self.assertEqual(amb["ca-state"], {"name": "ca-state", "emptyDir": {}})
+        self.assertEqual(volumes()["ca-state"]["hostPath"]["path"], "/var/lib/sockmesh")
+        self.assertNotIn("istiod-ca-cert", volumes())
+        self.assertIn("hostPath", volumes("profile=ambient", "builtinCA.enabled=true")["ca-state"])
         self.assertEqual(proxy_env("env.FOO=bar")["FOO"], "bar")
         objs = render("hub=registry.example/mesh", "tag=9.9.9", "logLevel=debug")
         c = container(find(objs, "DaemonSet", "sockmesh"), "proxy")
