@@ -21,6 +21,26 @@ HELM = os.path.join(TOOLS, "bin", "helm")
 CHART = os.path.join(SOURCE, "manifests", "charts", "sockmesh")
 
 
+def run_manifest_tests(what, tools=("podman", "bpftool", "curl")):
+    """The main() of a privileged test that runs the image from the chart: says loudly what is
+    missing and exits 77 (a skip, which CI counts as a failure), else runs the test module's
+    unittest cases."""
+    import sys
+    import unittest
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("not root")
+    for tool in tools:
+        if not shutil.which(tool):
+            problems.append("%s missing (scripts/setup)" % tool)
+    if not os.access(HELM, os.X_OK):
+        problems.append("%s missing (scripts/setup)" % HELM)
+    if problems:
+        sys.stderr.write("\n!!! SKIPPING the %s test: %s\n\n" % (what, "; ".join(problems)))
+        sys.exit(77)
+    unittest.main(module="__main__", verbosity=2)
+
+
 def build_image():
     """Runs scripts/image; returns (image reference, its last line: id and size)."""
     out = run([os.path.join(SOURCE, "scripts", "image")], timeout=900)

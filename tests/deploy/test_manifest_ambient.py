@@ -17,7 +17,6 @@ cluster has no pod API: node.labelsFrom=config. Needs root, podman, helm, tcpdum
 without them."""
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ SOURCE = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(SOURCE, "scripts", "lib"))
 
 import cluster  # noqa: E402
-from chart_runtime import HELM, ChartRuntime, build_image  # noqa: E402
+from chart_runtime import ChartRuntime, build_image, run_manifest_tests  # noqa: E402
 from cluster import APP_PORT, ECHO_VIP, metric_value, wait_until  # noqa: E402
 
 
@@ -150,18 +149,7 @@ class AmbientProfileRuns(unittest.TestCase):
 
 
 def main():
-    problems = []
-    if os.geteuid() != 0:
-        problems.append("not root")
-    for tool in ("podman", "bpftool", "curl", "tcpdump", "tshark"):
-        if not shutil.which(tool):
-            problems.append("%s missing (scripts/setup)" % tool)
-    if not os.access(HELM, os.X_OK):
-        problems.append("%s missing (scripts/setup)" % HELM)
-    if problems:
-        sys.stderr.write("\n!!! SKIPPING the ambient-profile test: %s\n\n" % "; ".join(problems))
-        sys.exit(77)
-    unittest.main(verbosity=2)
+    run_manifest_tests("ambient-profile", ("podman", "bpftool", "curl", "tcpdump", "tshark"))
 
 
 if __name__ == "__main__":

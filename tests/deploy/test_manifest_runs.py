@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(SOURCE, "scripts", "lib"))
 sys.path.insert(0, os.path.join(SOURCE, "tests", "fixtures", "fake_istiod"))
 
 import cluster  # noqa: E402
-from chart_runtime import HELM, ChartRuntime, build_image  # noqa: E402
+from chart_runtime import ChartRuntime, build_image, run_manifest_tests  # noqa: E402
 from cluster import APP_PORT, ECHO_VIP, run, wait_until  # noqa: E402
 import ca as fake_ca  # noqa: E402
 
@@ -154,18 +154,7 @@ class ManifestRuns(unittest.TestCase):
 
 
 def main():
-    problems = []
-    if os.geteuid() != 0:
-        problems.append("not root")
-    for tool in ("podman", "bpftool", "curl"):
-        if not shutil.which(tool):
-            problems.append("%s missing (scripts/setup)" % tool)
-    if not os.access(HELM, os.X_OK):
-        problems.append("%s missing (scripts/setup)" % HELM)
-    if problems:
-        sys.stderr.write("\n!!! SKIPPING the manifest-runs test: %s\n\n" % "; ".join(problems))
-        sys.exit(77)
-    unittest.main(verbosity=2)
+    run_manifest_tests("manifest-runs")
 
 
 if __name__ == "__main__":

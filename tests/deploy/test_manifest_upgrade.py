@@ -20,7 +20,6 @@ node's cgroup, both pods enrolled with their listeners registered) and traffic f
 v2. Needs root, podman and helm (scripts/setup); exits 77 without them."""
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,7 +31,7 @@ SOURCE = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(SOURCE, "scripts", "lib"))
 
 import cluster  # noqa: E402
-from chart_runtime import HELM, ChartRuntime, build_image  # noqa: E402
+from chart_runtime import ChartRuntime, build_image, run_manifest_tests  # noqa: E402
 from cluster import APP_PORT, ECHO_VIP, PYTHON, run, wait_until  # noqa: E402
 
 SURGE_CLIENT = os.path.join(HERE, "surge_client.py")
@@ -198,18 +197,7 @@ def wait_until_or_not(condition, timeout):
 
 
 def main():
-    problems = []
-    if os.geteuid() != 0:
-        problems.append("not root")
-    for tool in ("podman", "bpftool", "curl"):
-        if not shutil.which(tool):
-            problems.append("%s missing (scripts/setup)" % tool)
-    if not os.access(HELM, os.X_OK):
-        problems.append("%s missing (scripts/setup)" % HELM)
-    if problems:
-        sys.stderr.write("\n!!! SKIPPING the upgrade-surge test: %s\n\n" % "; ".join(problems))
-        sys.exit(77)
-    unittest.main(verbosity=2)
+    run_manifest_tests("upgrade-surge")
 
 
 if __name__ == "__main__":

@@ -151,6 +151,15 @@ class StackPinningTest : public ::testing::Test {
     ASSERT_TRUE(proxy_end.valid());
   }
 
+  // connect_app, and the app's flow key, which must be in sm_bypass.
+  void connect_bypassed_app(UniqueFd& app, UniqueFd& proxy_end, maps::FlowKey& app_key) {
+    ASSERT_NO_FATAL_FAILURE(connect_app(app, proxy_end));
+    auto key = maps::app_flow_of_proxy_socket(proxy_end.get());
+    ASSERT_TRUE(key) << key.error().message;
+    ASSERT_TRUE(flows_->bypassed(*key)) << key->to_string();
+    app_key = *key;
+  }
+
   uint64_t counter(sm_counter c) { return testing::datapath_counter(install_.root(), c); }
 
   // The sockops program forgets a pinned flow when the app's socket closes.
@@ -400,6 +409,11 @@ struct BlockingRecv {
   ~BlockingRecv() {
     if (thread.joinable()) thread.join();
   }
+  // Gives the call time to go to sleep, and checks it did not return meanwhile.
+  void expect_asleep() const {
+    usleep(200 * 1000);
+    ASSERT_FALSE(returned.load()) << describe();
+  }
   std::string describe() const {
     return "recv() returned " + std::to_string(result) +
            (result < 0 ? " (" + std::string(std::strerror(error)) + ")" : "") + " after " +
@@ -428,18 +442,16 @@ size_t drain_for(int fd, std::chrono::milliseconds window) {
 // app's socket out of sm_bypass when it pins the flow, so the app waits as TCP would.
 TEST_F(StackPinningTest, APinnedAppsBlockingRecvWaitsThroughItsSendBufferDraining) {
   UniqueFd app, proxy_end;
-  ASSERT_NO_FATAL_FAILURE(connect_app(app, proxy_end));
-  auto app_key = maps::app_flow_of_proxy_socket(proxy_end.get());
-  ASSERT_TRUE(app_key);
-  ASSERT_TRUE(flows_->bypassed(*app_key));
+  maps::FlowKey app_key;
+  ASSERT_NO_FATAL_FAILURE(connect_bypassed_app(app, proxy_end, app_key));
 
   observe::Registry metrics;
   proxy::BypassPinning pinning(install_.root(), metrics);
   auto on_paused = pinning.read_paused_handler(proxy_end.get());
   ASSERT_TRUE(on_paused);
   on_paused();  // what a relay does when it stops reading the app
-  EXPECT_TRUE(flows_->pinned(*app_key));
-  EXPECT_FALSE(flows_->bypassed(*app_key)) << "the app's socket is still in sm_bypass";
+  EXPECT_TRUE(flows_->pinned(app_key));
+  EXPECT_FALSE(flows_->bypassed(app_key)) << "the app's socket is still in sm_bypass";
   auto proxy_key = maps::flow_of_socket(proxy_end.get());
   ASSERT_TRUE(proxy_key);
   EXPECT_TRUE(flows_->bypassed(*proxy_key)) << "the proxy end keeps its queue until it is read";
@@ -452,7 +464,7 @@ TEST_F(StackPinningTest, APinnedAppsBlockingRecvWaitsThroughItsSendBufferDrainin
   ASSERT_LT(queued, kPinnedOffer) << "the app's send buffer never filled";
 
   BlockingRecv waiting(app.get());
-  usleep(200 * 1000);
+  ASSERT_NO_FATAL_FAILURE(waiting.expect_asleep());
   size_t drained = drain_for(proxy_end.get(), std::chrono::milliseconds(800));
   std::cout << "[ measured ] " << mib(queued) << " MiB queued by the app, " << mib(drained)
             << " MiB drained by the proxy end while the app waited\n";
@@ -468,13 +480,10 @@ TEST_F(StackPinningTest, APinnedAppsBlockingRecvWaitsThroughItsSendBufferDrainin
 // The proxy end closes (FIN) while the app waits in a blocking recv(): EOF, as without the mesh.
 TEST_F(StackPinningTest, AnAppsBlockingRecvSeesTheProxysFinAsEndOfStream) {
   UniqueFd app, proxy_end;
-  ASSERT_NO_FATAL_FAILURE(connect_app(app, proxy_end));
-  auto app_key = maps::app_flow_of_proxy_socket(proxy_end.get());
-  ASSERT_TRUE(app_key);
-  ASSERT_TRUE(flows_->bypassed(*app_key));
+  maps::FlowKey app_key;
+  ASSERT_NO_FATAL_FAILURE(connect_bypassed_app(app, proxy_end, app_key));
   BlockingRecv waiting(app.get());
-  usleep(200 * 1000);
-  EXPECT_FALSE(waiting.returned.load()) << waiting.describe();
+  ASSERT_NO_FATAL_FAILURE(waiting.expect_asleep());
   ASSERT_EQ(shutdown(proxy_end.get(), SHUT_WR), 0);
   waiting.thread.join();
   EXPECT_EQ(waiting.result, 0) << waiting.describe();
@@ -489,14 +498,11 @@ TEST_F(StackPinningTest, AnAppsBlockingRecvSeesTheProxysFinAsEndOfStream) {
 // expectation fails with ECONNRESET, the kernel has fixed it: update the docs.
 TEST_F(StackPinningTest, ThisKernelAnswersAResetDuringABlockingRecvWithEagainThenTheReset) {
   UniqueFd app, proxy_end;
-  ASSERT_NO_FATAL_FAILURE(connect_app(app, proxy_end));
-  auto app_key = maps::app_flow_of_proxy_socket(proxy_end.get());
-  ASSERT_TRUE(app_key);
-  ASSERT_TRUE(flows_->bypassed(*app_key));
+  maps::FlowKey app_key;
+  ASSERT_NO_FATAL_FAILURE(connect_bypassed_app(app, proxy_end, app_key));
 
   BlockingRecv waiting(app.get());
-  usleep(200 * 1000);
-  EXPECT_FALSE(waiting.returned.load()) << waiting.describe();
+  ASSERT_NO_FATAL_FAILURE(waiting.expect_asleep());
   linger lg{.l_onoff = 1, .l_linger = 0};
   ASSERT_EQ(setsockopt(proxy_end.get(), SOL_SOCKET, SO_LINGER, &lg, sizeof lg), 0);
   proxy_end.reset();  // RST
