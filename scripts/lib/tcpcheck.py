@@ -15,6 +15,8 @@ between pods outside the mesh, and compare. Standard library only; every wait is
       source       write for --hold seconds without a reader (non-blocking), then send a 40-byte
                    trailer (8-byte count, SHA-256) and close (pull: the server is the writer)
       echo         echo to EOF, then close
+      ack          read an 8-byte count, read nothing more for --hold seconds, then read that
+                   many bytes and answer with the count (8 bytes, big-endian): the bench's sink
   tcpcheck.py client --target IP:PORT --mode MODE [...]
       abort        send --bytes, then wait for the server's close: "reset" or "eof"
       respond      read one byte of the response and close with the rest unread
@@ -26,8 +28,18 @@ between pods outside the mesh, and compare. Standard library only; every wait is
                    the protocol: written bytes, and whether all arrived intact
       pull         read nothing for --hold seconds, then read to EOF and check the trailer
       echo         send --bytes (seeded by --seed), check the echo byte for byte
+      upload       --parallel connections at once, each on a BLOCKING socket (no Python timeout,
+                   which would poll first and hide an EAGAIN; SO_RCVTIMEO/SO_SNDTIMEO of
+                   --timeout instead): send the count and --bytes (--chunk bytes per send(),
+                   default all in one), then wait in a blocking recv() for the ack; with
+                   --recv-after S the recv() starts on its own thread S seconds after the first
+                   send (or when the send ends), while the writer may still be blocked, as a
+                   full-duplex app's reader. Per stream: answered or the error, its errno and how
+                   long the failing call waited (EAGAIN well before --timeout is a spurious
+                   wakeup, not the timeout)
 """
 import argparse
+import errno
 import fcntl
 import hashlib
 import json
@@ -145,6 +157,22 @@ def serve_one(args, c, peer):
             c.sendall(struct.pack("!Q", written) + h.digest())
             c.close()
             out(event="sourced", peer=peer_text, written=written)
+        elif args.mode == "ack":
+            c.settimeout(args.timeout)
+            count = struct.unpack("!Q", recv_exact(c, 8))[0]
+            time.sleep(args.hold)
+            buf = bytearray(1 << 20)
+            left = count
+            while left > 0:
+                n = c.recv_into(buf, min(left, len(buf)))
+                if not n:
+                    raise ConnectionError("EOF with %d of %d bytes unread" % (left, count))
+                left -= n
+            c.sendall(struct.pack("!Q", count))
+            # Wait for the client's close, as the bench's sink does.
+            while c.recv(CHUNK):
+                pass
+            c.close()
         elif args.mode == "echo":
             c.settimeout(args.timeout)
             while True:
@@ -157,6 +185,16 @@ def serve_one(args, c, peer):
     except OSError as e:
         out(event="error", peer=peer_text, error=describe(e))
         c.close()
+
+
+def recv_exact(sock, n):
+    got = b""
+    while len(got) < n:
+        d = sock.recv(n - len(got))
+        if not d:
+            raise ConnectionError("EOF after %d of %d bytes" % (len(got), n))
+        got += d
+    return got
 
 
 # ---- clients ----
@@ -212,6 +250,8 @@ def client(args):
         out(connect_ms=times, total_ms=totals, received=received, errors=errors)
     elif args.mode == "churn":
         churn(args)
+    elif args.mode == "upload":
+        upload(args)
     elif args.mode == "push":
         s, _ = connect(args)
         written, h = write_without_reader(s, args.hold, args.seed, args.cap)
@@ -278,6 +318,80 @@ def read_to_eof_keep_trailer(s, timeout):
             "intact": count == total and pending[8:] == h.digest()}
 
 
+def upload(args):
+    payload = data_of(args.seed, args.bytes)
+    timeo = struct.pack("ll", int(args.timeout), int((args.timeout % 1) * 1e6))
+    streams = [{} for _ in range(args.parallel)]
+    socks = []
+    for r in streams:  # all connected first, then all send at once (the bench's loadgen)
+        s, _ = connect(args)
+        s.settimeout(None)  # a blocking socket: recv() is one recvmsg() call, no poll()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeo)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeo)
+        socks.append(s)
+        r["local"] = s.getsockname()[1]
+    start = threading.Barrier(args.parallel + 1)
+
+    def send(s, r):
+        try:
+            s.sendall(struct.pack("!Q", len(payload)))
+            view = memoryview(payload)
+            step = args.chunk or len(payload)
+            for off in range(0, len(payload), step):
+                s.sendall(view[off:off + step])
+            r["sent"] = True
+        except OSError as e:
+            r.update(send_error=describe(e), send_errno=e.errno or 0)
+
+    def receive(s, r):
+        ack, t = b"", time.monotonic()
+        try:
+            while len(ack) < 8:
+                t = time.monotonic()
+                d = s.recv(8 - len(ack))
+                if not d:
+                    raise ConnectionError("EOF before the ack")
+                ack += d
+            r["recv_ms"] = round((time.monotonic() - t) * 1000, 1)
+            r["answered"] = struct.unpack("!Q", ack)[0] == len(payload)
+        except OSError as e:
+            r.update(error=describe(e), errno=e.errno or 0,
+                     waited_ms=round((time.monotonic() - t) * 1000, 1))
+
+    def stream(s, r):
+        start.wait()
+        try:
+            if args.recv_after is None:  # the bench's order: send everything, then recv()
+                send(s, r)
+                if r.get("sent"):
+                    receive(s, r)
+                return
+            # A full-duplex app: its reader goes to sleep in recv() --recv-after seconds after
+            # the first send (or when the send ends), while the writer may still be blocked.
+            sender = threading.Thread(target=send, args=(s, r), daemon=True)
+            sender.start()
+            sender.join(args.recv_after)
+            r["recv_during_send"] = sender.is_alive()
+            receive(s, r)
+            sender.join(args.timeout + 5)
+        finally:
+            s.close()
+    threads = [threading.Thread(target=stream, args=(s, r), daemon=True)
+               for s, r in zip(socks, streams)]
+    for t in threads:
+        t.start()
+    t0 = time.monotonic()
+    start.wait(args.max_seconds)
+    for t in threads:
+        t.join(max(0.1, args.max_seconds - (time.monotonic() - t0)))
+    failed = [r for r in streams if not (r.get("answered") and r.get("sent"))]
+    out(streams=len(streams), answered=sum(1 for r in streams if r.get("answered")),
+        eagain=sum(1 for r in streams if r.get("errno") == errno.EAGAIN),
+        failures=failed[:8], elapsed=round(time.monotonic() - t0, 2),
+        max_recv_ms=max([r.get("recv_ms", 0) for r in streams]),
+        recv_during_send=sum(1 for r in streams if r.get("recv_during_send")))
+
+
 def churn(args):
     lock = threading.Lock()
     stats = {"done": 0, "failed": 0, "errors": [], "slow": 0, "max_ms": 0.0}
@@ -323,7 +437,7 @@ def main(argv):
     s.add_argument("--host", default="0.0.0.0")
     s.add_argument("--port", type=int, required=True)
     s.add_argument("--mode", required=True,
-                   choices=["abort", "respond", "close-first", "sink", "source", "echo"])
+                   choices=["abort", "respond", "close-first", "sink", "source", "echo", "ack"])
     s.add_argument("--hold", type=float, default=0.3)
     s.add_argument("--bytes", type=int, default=256 * 1024)
     s.add_argument("--seed", type=int, default=3)
@@ -333,7 +447,8 @@ def main(argv):
     c = sub.add_parser("client")
     c.add_argument("--target", required=True)
     c.add_argument("--mode", required=True,
-                   choices=["abort", "respond", "reconnect", "churn", "push", "pull", "echo"])
+                   choices=["abort", "respond", "reconnect", "churn", "push", "pull", "echo",
+                            "upload"])
     c.add_argument("--bytes", type=int, default=64 * 1024)
     c.add_argument("--bind", default=None)
     c.add_argument("--transparent", action="store_true")
@@ -344,6 +459,8 @@ def main(argv):
     c.add_argument("--seed", type=int, default=3)
     c.add_argument("--cap", type=int, default=128 << 20)
     c.add_argument("--pace", type=float, default=0)
+    c.add_argument("--chunk", type=int, default=0)
+    c.add_argument("--recv-after", type=float, default=None)
     c.add_argument("--timeout", type=float, default=10)
     c.add_argument("--max-seconds", type=float, default=120)
     args = p.parse_args(argv)
