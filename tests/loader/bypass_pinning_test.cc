@@ -477,6 +477,46 @@ TEST_F(StackPinningTest, APinnedAppsBlockingRecvWaitsThroughItsSendBufferDrainin
   EXPECT_EQ(waiting.byte, 'A');
 }
 
+// A limit of this kernel, pinned down: the same as above, but the app's reader thread is already
+// asleep in recv() when the proxy pins the flow (a full-duplex app with a reader thread). Taking
+// the socket out of sm_bypass changes later calls only; this one stays in tcp_bpf's recvmsg, and
+// the ACKs that free the send buffer wake it to EAGAIN. docs/OPERATING.md 5.1 says so. If the
+// first expectation fails, the kernel has fixed tcp_bpf's recvmsg: update the docs.
+TEST_F(StackPinningTest, ThisKernelGivesEagainToAReaderAlreadyAsleepWhenTheFlowIsPinned) {
+  UniqueFd app, proxy_end;
+  maps::FlowKey app_key;
+  ASSERT_NO_FATAL_FAILURE(connect_bypassed_app(app, proxy_end, app_key));
+  BlockingRecv waiting(app.get());
+  ASSERT_NO_FATAL_FAILURE(waiting.expect_asleep());
+
+  observe::Registry metrics;
+  proxy::BypassPinning pinning(install_.root(), metrics);
+  auto on_paused = pinning.read_paused_handler(proxy_end.get());
+  ASSERT_TRUE(on_paused);
+  on_paused();
+  ASSERT_FALSE(flows_->bypassed(app_key));
+  auto stream = testing::pattern(kPinnedOffer, 22);
+  Writer writer{app.get(), stream};
+  size_t queued = writer.write_for(std::chrono::milliseconds(1000), kPinnedOffer);
+  ASSERT_LT(queued, kPinnedOffer) << "the app's send buffer never filled";
+  drain_for(proxy_end.get(), std::chrono::milliseconds(800));
+  bool returned_early = waiting.returned.load();
+  if (!returned_early) {
+    ASSERT_EQ(send(proxy_end.get(), "A", 1, MSG_NOSIGNAL), 1);
+  }
+  waiting.thread.join();
+  std::cout << "[ measured ] reader asleep before the pin: " << waiting.describe() << "\n";
+  EXPECT_TRUE(returned_early) << "the kernel no longer wakes it without data: update the docs";
+  EXPECT_EQ(waiting.error, EAGAIN) << waiting.describe();
+  // The socket is TCP's again: the next call waits for, and gets, the proxy's answer.
+  BlockingRecv next(app.get());
+  ASSERT_NO_FATAL_FAILURE(next.expect_asleep());
+  ASSERT_EQ(send(proxy_end.get(), "B", 1, MSG_NOSIGNAL), 1);
+  next.thread.join();
+  EXPECT_EQ(next.result, 1) << next.describe();
+  EXPECT_EQ(next.byte, 'B');
+}
+
 // The proxy end closes (FIN) while the app waits in a blocking recv(): EOF, as without the mesh.
 TEST_F(StackPinningTest, AnAppsBlockingRecvSeesTheProxysFinAsEndOfStream) {
   UniqueFd app, proxy_end;
