@@ -805,8 +805,13 @@ class ClusterBench:
             ax.set_title(title, fontsize=10)
             ax.grid(axis="y", alpha=0.3)
         handles, labels = axes.flat[0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="lower center", ncol=len(paths), fontsize=9,
-                   frameon=False)
+        spare = axes.flat[-1]
+        if not spare.has_data():  # the legend in the empty panel: one path a line, none cut off
+            spare.axis("off")
+            spare.legend(handles, labels, loc="center", fontsize=8, frameon=False)
+        else:
+            fig.legend(handles, labels, loc="lower center", ncol=min(len(paths), 3), fontsize=8,
+                       frameon=False)
         fig.suptitle("sockmesh pod → pod on a simulated two-node cluster, %s (%s run, medians of "
                      "%d, paths interleaved)" % (datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
                                                  "quick" if o.quick else "full", o.reps),
