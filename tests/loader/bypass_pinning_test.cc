@@ -160,6 +160,25 @@ class StackPinningTest : public ::testing::Test {
     app_key = *key;
   }
 
+  // What a relay does when it stops reading the app behind `proxy_fd`: the proxy's own handler.
+  void pause_reading_like_a_relay(int proxy_fd) {
+    observe::Registry metrics;
+    proxy::BypassPinning pinning(install_.root(), metrics);
+    auto on_paused = pinning.read_paused_handler(proxy_fd);
+    ASSERT_TRUE(on_paused) << "the socket is not bypassed";
+    on_paused();
+  }
+
+  // The app writes until its send buffer and the proxy end's window are full (a pinned flow).
+  size_t fill_send_buffer(int app_fd, uint32_t seed) {
+    auto stream = testing::pattern(kPinnedOffer, seed);
+    Writer writer{app_fd, stream};
+    size_t queued = writer.write_for(std::chrono::milliseconds(1000), kPinnedOffer);
+    EXPECT_GT(queued, 0u);
+    EXPECT_LT(queued, kPinnedOffer) << "the app's send buffer never filled";
+    return queued;
+  }
+
   uint64_t counter(sm_counter c) { return testing::datapath_counter(install_.root(), c); }
 
   // The sockops program forgets a pinned flow when the app's socket closes.
@@ -445,11 +464,7 @@ TEST_F(StackPinningTest, APinnedAppsBlockingRecvWaitsThroughItsSendBufferDrainin
   maps::FlowKey app_key;
   ASSERT_NO_FATAL_FAILURE(connect_bypassed_app(app, proxy_end, app_key));
 
-  observe::Registry metrics;
-  proxy::BypassPinning pinning(install_.root(), metrics);
-  auto on_paused = pinning.read_paused_handler(proxy_end.get());
-  ASSERT_TRUE(on_paused);
-  on_paused();  // what a relay does when it stops reading the app
+  ASSERT_NO_FATAL_FAILURE(pause_reading_like_a_relay(proxy_end.get()));
   EXPECT_TRUE(flows_->pinned(app_key));
   EXPECT_FALSE(flows_->bypassed(app_key)) << "the app's socket is still in sm_bypass";
   auto proxy_key = maps::flow_of_socket(proxy_end.get());
@@ -457,11 +472,7 @@ TEST_F(StackPinningTest, APinnedAppsBlockingRecvWaitsThroughItsSendBufferDrainin
   EXPECT_TRUE(flows_->bypassed(*proxy_key)) << "the proxy end keeps its queue until it is read";
 
   // The app fills its send buffer and the proxy end's window through the stack.
-  auto stream = testing::pattern(kPinnedOffer, 21);
-  Writer writer{app.get(), stream};
-  size_t queued = writer.write_for(std::chrono::milliseconds(1000), kPinnedOffer);
-  ASSERT_GT(queued, 0u);
-  ASSERT_LT(queued, kPinnedOffer) << "the app's send buffer never filled";
+  size_t queued = fill_send_buffer(app.get(), 21);
 
   BlockingRecv waiting(app.get());
   ASSERT_NO_FATAL_FAILURE(waiting.expect_asleep());
@@ -489,16 +500,9 @@ TEST_F(StackPinningTest, ThisKernelGivesEagainToAReaderAlreadyAsleepWhenTheFlowI
   BlockingRecv waiting(app.get());
   ASSERT_NO_FATAL_FAILURE(waiting.expect_asleep());
 
-  observe::Registry metrics;
-  proxy::BypassPinning pinning(install_.root(), metrics);
-  auto on_paused = pinning.read_paused_handler(proxy_end.get());
-  ASSERT_TRUE(on_paused);
-  on_paused();
+  ASSERT_NO_FATAL_FAILURE(pause_reading_like_a_relay(proxy_end.get()));
   ASSERT_FALSE(flows_->bypassed(app_key));
-  auto stream = testing::pattern(kPinnedOffer, 22);
-  Writer writer{app.get(), stream};
-  size_t queued = writer.write_for(std::chrono::milliseconds(1000), kPinnedOffer);
-  ASSERT_LT(queued, kPinnedOffer) << "the app's send buffer never filled";
+  fill_send_buffer(app.get(), 22);
   drain_for(proxy_end.get(), std::chrono::milliseconds(800));
   bool returned_early = waiting.returned.load();
   if (!returned_early) {
