@@ -167,6 +167,9 @@ class StackPinningTest : public ::testing::Test {
     auto on_paused = pinning.read_paused_handler(proxy_fd);
     ASSERT_TRUE(on_paused) << "the socket is not bypassed";
     on_paused();
+    std::string text = metrics.render();
+    EXPECT_NE(text.find("sockmesh_bypass_flows_pinned_total 1\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("sockmesh_bypass_release_failures_total 0\n"), std::string::npos) << text;
   }
 
   // The app writes until its send buffer and the proxy end's window are full (a pinned flow).

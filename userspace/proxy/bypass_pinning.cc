@@ -15,7 +15,11 @@ BypassPinning::BypassPinning(std::string pin_root, observe::Registry& metrics,
                               "stopped reading them (its other side was blocked)")),
       pin_failures_(metrics.counter("sockmesh_bypass_pin_failures_total",
                                     "Bypassed app flows the proxy could not pin to the TCP stack "
-                                    "(their bytes keep queueing without TCP flow control)")) {}
+                                    "(their bytes keep queueing without TCP flow control)")),
+      release_failures_(metrics.counter(
+          "sockmesh_bypass_release_failures_total",
+          "Pinned app flows whose socket the proxy could not take out of the sockmap bypass (a "
+          "blocking recv() of that app can see EAGAIN without data; see OPERATING 5.1)")) {}
 
 bool BypassPinning::available() { return flows() != nullptr; }
 
@@ -68,7 +72,7 @@ std::function<void()> BypassPinning::read_paused_handler(int fd) {
   }
   if (!map->bypassed(*own)) return nullptr;
   return [map, app = own->reversed(), pinned = &pinned_, failures = &pin_failures_,
-          done = false]() mutable {
+          release_failures = &release_failures_, done = false]() mutable {
     if (done) return;
     done = true;  // a pinned flow stays pinned: once is enough, and a failure is not retried
     if (auto s = map->pin_to_stack(app); !s) {
@@ -84,6 +88,7 @@ std::function<void()> BypassPinning::read_paused_handler(int fd) {
     // The flow will not come back to the redirect, so the app's socket leaves sm_bypass: its
     // receive path is TCP's again (see BypassFlows::release_app_socket for why that matters).
     if (auto s = map->release_app_socket(app); !s) {
+      release_failures->inc();
       static std::atomic<bool> warned{false};
       if (!warned.exchange(true)) {
         SM_WARN("proxy") << "bypass: " << s.error().message

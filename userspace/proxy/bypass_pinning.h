@@ -44,6 +44,7 @@ class BypassPinning {
   const std::chrono::milliseconds retry_;
   observe::Counter& pinned_;
   observe::Counter& pin_failures_;
+  observe::Counter& release_failures_;
   std::mutex mu_;
   std::shared_ptr<const maps::BypassFlows> flows_;
   std::chrono::steady_clock::time_point next_try_{};
