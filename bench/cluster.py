@@ -34,6 +34,7 @@ Everything (namespaces, cgroups, pin roots, processes; iptables rules die with t
 removed on exit and on Ctrl-C.
 """
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -220,36 +221,32 @@ class ClusterBench:
             k = self.pki
             tls1 = ["--tls-to", "%s,%s,%s" % (k["client_cert"], k["client_key"], k["ca"])]
             tls2 = ["--tls-listen", "%s,%s,%s" % (k["server_cert"], k["server_key"], k["ca"])]
-        limit = ["--netns-only", "yes", "--max-seconds", str(self.o.max_seconds + 300)]
-        r2 = server.spawn("%s-relay2" % key, [
-            self.loadgen_bin, "relay", "--listen", "%s:%d" % (server.ip, p2),
-            "--to", "127.0.0.1:%d" % SERVER_PORT] + tls2 + limit)
-        r1 = client.spawn("%s-relay1" % key, [
-            self.loadgen_bin, "relay", "--listen", "127.0.0.1:%d" % p1,
-            "--to", "%s:%d" % (server.ip, p2)] + tls1 + limit)
-        for pod, proc, port in ((server, r2, p2), (client, r1, p1)):
-            def up(pod=pod, proc=proc, port=port):
-                if not proc.alive():
-                    raise BenchError("%s relay in %s exited: %s" % (key, pod, proc.log()[-2000:]))
-                return (":%d " % port) in pod.sh(["ss", "-Hltn"])
-            self.lib.wait_until("%s relay in %s" % (key, pod), up, 15)
-        return "127.0.0.1:%d" % p1
+        self.start_relay(server, "%s-relay2" % key, "%s:%d" % (server.ip, p2),
+                         "127.0.0.1:%d" % SERVER_PORT, tls2)
+        return self.start_relay(client, "%s-relay1" % key, "127.0.0.1:%d" % p1,
+                                "%s:%d" % (server.ip, p2), tls1)
 
     def pt_floor_relay(self, topo, client, server):
         """Starts (p)'s relay in the client pod (on its lo) to the server app; returns its
         address, the client's target."""
-        port = PT_FLOOR_PORTS[topo]
-        proc = client.spawn("ptfloor-%s-relay" % topo, [
-            self.loadgen_bin, "relay", "--listen", "127.0.0.1:%d" % port,
-            "--to", "%s:%d" % (server.ip, SERVER_PORT), "--netns-only", "yes",
-            "--max-seconds", str(self.o.max_seconds + 300)])
+        return self.start_relay(client, "ptfloor-%s-relay" % topo,
+                                "127.0.0.1:%d" % PT_FLOOR_PORTS[topo],
+                                "%s:%d" % (server.ip, SERVER_PORT))
+
+    def start_relay(self, pod, name, listen, to, tls=()):
+        """`sockmesh-loadgen relay` in `pod` from `listen` to `to`, waited for until it listens;
+        returns `listen`."""
+        proc = pod.spawn(name, [self.loadgen_bin, "relay", "--listen", listen, "--to", to] +
+                         list(tls) + ["--netns-only", "yes",
+                                      "--max-seconds", str(self.o.max_seconds + 300)])
+        port = listen.rsplit(":", 1)[1]
 
         def up():
             if not proc.alive():
-                raise BenchError("(p) relay in %s exited: %s" % (client, proc.log()[-2000:]))
-            return (":%d " % port) in client.sh(["ss", "-Hltn"])
-        self.lib.wait_until("(p) relay in %s" % client, up, 15)
-        return "127.0.0.1:%d" % port
+                raise BenchError("%s in %s exited: %s" % (name, pod, proc.log()[-2000:]))
+            return (":%s " % port) in pod.sh(["ss", "-Hltn"])
+        self.lib.wait_until("%s in %s" % (name, pod), up, 15)
+        return listen
 
     def plain_relay_counts(self, combo):
         texts = [n.metrics() for n in combo.cluster.nodes]
@@ -692,9 +689,8 @@ class ClusterBench:
     def target_lines(self, s):
         """Issue 16's targets for (5) and for sockmesh across nodes against (t), as lines."""
         L = []
-        for (pt, label), (topo, tlabel) in [(p, t) for p in (("passthrough", "(5)"),
-                                                               ("ptsplice", "(5s)"))
-                                            for t in TOPOLOGIES]:
+        for (pt, label), (topo, tlabel) in itertools.product(
+                (("passthrough", "(5)"), ("ptsplice", "(5s)")), TOPOLOGIES):
             v, base = s.get(pt + "/" + topo), s.get("nomesh/" + topo)
             if v is None or base is None:
                 continue

@@ -46,8 +46,8 @@ Result<FlowKey> app_flow_of_proxy_socket(int fd);
 class BypassFlows {
  public:
   // Opens <pin_root>/sm_bypass (looked up, and app sockets removed) and <pin_root>/sm_stack_flows
-  // (written). Fails
-  // when sockmesh is not installed there, or was built with another layout of the maps.
+  // (written). Fails when sockmesh is not installed there, or was built with another layout of
+  // the maps.
   static Result<BypassFlows> open(const std::string& pin_root = SM_PIN_ROOT_DEFAULT);
 
   // Whether the socket with this key is in sm_bypass now. An unexpected kernel error is logged

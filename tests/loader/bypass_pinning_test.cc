@@ -431,6 +431,13 @@ struct BlockingRecv {
   ~BlockingRecv() {
     if (thread.joinable()) thread.join();
   }
+  // The proxy end sends `sent`; the call must return exactly that byte.
+  void expect_answer(int proxy_fd, char sent) {
+    ASSERT_EQ(send(proxy_fd, &sent, 1, MSG_NOSIGNAL), 1);
+    thread.join();
+    EXPECT_EQ(result, 1) << describe();
+    EXPECT_EQ(byte, sent);
+  }
   // Gives the call time to go to sleep, and checks it did not return meanwhile.
   void expect_asleep() const {
     usleep(200 * 1000);
@@ -485,10 +492,7 @@ TEST_F(StackPinningTest, APinnedAppsBlockingRecvWaitsThroughItsSendBufferDrainin
   EXPECT_EQ(drained, queued);
   EXPECT_FALSE(waiting.returned.load()) << "before the proxy answered: " << waiting.describe();
 
-  ASSERT_EQ(send(proxy_end.get(), "A", 1, MSG_NOSIGNAL), 1);
-  waiting.thread.join();
-  EXPECT_EQ(waiting.result, 1) << waiting.describe();
-  EXPECT_EQ(waiting.byte, 'A');
+  waiting.expect_answer(proxy_end.get(), 'A');
 }
 
 // A limit of this kernel, pinned down: the same as above, but the app's reader thread is already
@@ -518,10 +522,7 @@ TEST_F(StackPinningTest, ThisKernelGivesEagainToAReaderAlreadyAsleepWhenTheFlowI
   // The socket is TCP's again: the next call waits for, and gets, the proxy's answer.
   BlockingRecv next(app.get());
   ASSERT_NO_FATAL_FAILURE(next.expect_asleep());
-  ASSERT_EQ(send(proxy_end.get(), "B", 1, MSG_NOSIGNAL), 1);
-  next.thread.join();
-  EXPECT_EQ(next.result, 1) << next.describe();
-  EXPECT_EQ(next.byte, 'B');
+  next.expect_answer(proxy_end.get(), 'B');
 }
 
 // The proxy end closes (FIN) while the app waits in a blocking recv(): EOF, as without the mesh.

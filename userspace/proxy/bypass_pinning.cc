@@ -1,10 +1,24 @@
 #include "proxy/bypass_pinning.h"
 
 #include <atomic>
+#include <string>
 
 #include "base/log.h"
 
 namespace sockmesh::proxy {
+namespace {
+
+// A map write the kernel refused: counted each time, said once per kind with what it costs.
+void count_refusal(observe::Counter& failures, std::atomic<bool>& warned, const std::string& error,
+                   const char* consequence) {
+  failures.inc();
+  if (!warned.exchange(true)) SM_WARN("proxy") << "bypass: " << error << "; " << consequence;
+}
+
+std::atomic<bool> pin_refusal_warned{false};
+std::atomic<bool> release_refusal_warned{false};
+
+}  // namespace
 
 BypassPinning::BypassPinning(std::string pin_root, observe::Registry& metrics,
                              std::chrono::milliseconds retry)
@@ -76,24 +90,16 @@ std::function<void()> BypassPinning::read_paused_handler(int fd) {
     if (done) return;
     done = true;  // a pinned flow stays pinned: once is enough, and a failure is not retried
     if (auto s = map->pin_to_stack(app); !s) {
-      failures->inc();
-      static std::atomic<bool> warned{false};
-      if (!warned.exchange(true)) {
-        SM_WARN("proxy") << "bypass: " << s.error().message
-                         << "; this flow keeps queueing without flow control";
-      }
+      count_refusal(*failures, pin_refusal_warned, s.error().message,
+                    "this flow keeps queueing without flow control");
       return;
     }
     pinned->inc();
     // The flow will not come back to the redirect, so the app's socket leaves sm_bypass: its
     // receive path is TCP's again (see BypassFlows::release_app_socket for why that matters).
     if (auto s = map->release_app_socket(app); !s) {
-      release_failures->inc();
-      static std::atomic<bool> warned{false};
-      if (!warned.exchange(true)) {
-        SM_WARN("proxy") << "bypass: " << s.error().message
-                         << "; the app's socket keeps sockmap's receive path";
-      }
+      count_refusal(*release_failures, release_refusal_warned, s.error().message,
+                    "the app's socket keeps sockmap's receive path");
     }
     SM_DEBUG("proxy") << "bypass: reading paused, app flow " << app.to_string()
                       << " pinned to the TCP stack and its socket out of the bypass";

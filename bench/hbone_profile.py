@@ -1,0 +1,133 @@
+#!/usr/bin/python3
+"""Where sockmesh's HBONE path spends more than the TLS floor (issue 16 item 3; root).
+
+On the cluster bench's pods (bench/cluster.py), across nodes: the two node proxies of (2) against
+the two relays of (t) (mutual TLS 1.3, no HTTP/2), for the same work, one after the other:
+  - 1 stream of --mib MiB: syscalls per MiB and task-clock ms per GiB of the two processes
+    (perf stat -e raw_syscalls:sys_enter,task-clock -p <pids>);
+  - --rtts round trips of 1 KiB: syscalls per round trip, and the calls that make them;
+  - the same stream under perf record: the samples of the two processes by where they were
+    (kernel send path, kernel receive path, softirq, crypto, memcpy, the rest), per MiB.
+Prints a table; compare rows of one run only. Needs perf (Debian linux-perf, scripts/setup).
+"""
+import argparse
+import collections
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import cluster as cb  # noqa: E402
+
+SYSCALLS = ["sendto", "recvfrom", "sendmsg", "recvmsg", "read", "write", "epoll_wait",
+            "epoll_ctl", "ioctl"]
+
+
+def pids(pattern):
+    return subprocess.run(["pgrep", "-f", pattern], capture_output=True,
+                          text=True).stdout.split()
+
+
+def perf_stat(pid_list, events, work):
+    """Runs work() under perf stat on the processes; returns {event: count}."""
+    p = subprocess.Popen(["perf", "stat", "-x", ",", "-e", ",".join(events), "-p",
+                          ",".join(pid_list)], stderr=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    work()
+    p.send_signal(2)
+    counts = {}
+    for line in p.communicate()[1].splitlines():
+        f = line.split(",")
+        if len(f) > 3 and f[0].replace(".", "", 1).isdigit():
+            counts[f[2]] = float(f[0])
+    return counts
+
+
+def where(frames):
+    """A perf sample's place, from its call chain (innermost first)."""
+    top = frames[0]
+    if "libcrypto" in top:
+        return "crypto"
+    if "memmove" in top or "memcpy" in top:
+        return "memcpy"
+    if "[kernel.kallsyms]" not in top:
+        return "user, other"
+    chain = " ".join(frames)
+    if "tcp_sendmsg" in chain or "tcp_bpf_sendmsg" in chain:
+        return "kernel send"
+    if "tcp_recvmsg" in chain or "tcp_bpf_recvmsg" in chain:
+        return "kernel receive"
+    if "handle_softirqs" in chain or "net_rx_action" in chain:
+        return "softirq"
+    return "kernel, other"
+
+
+def perf_places(pid_list, work):
+    with tempfile.TemporaryDirectory() as d:
+        data = os.path.join(d, "perf.data")
+        p = subprocess.Popen(["perf", "record", "-g", "-F", "499", "-o", data, "-p",
+                              ",".join(pid_list)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        time.sleep(0.3)
+        work()
+        p.send_signal(2)
+        p.wait()
+        text = subprocess.run(["perf", "script", "-i", data, "-F", "ip,sym,dso"],
+                              capture_output=True, text=True).stdout
+    places = collections.Counter()
+    for block in text.split("\n\n"):
+        frames = [line.strip() for line in block.splitlines() if line.strip()]
+        if frames:
+            places[where(frames)] += 1
+    return places
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--mib", type=int, default=1024)
+    ap.add_argument("--rtts", type=int, default=20000)
+    o = ap.parse_args(argv)
+    bench = cb.ClusterBench(cb.parse_args(["--build-dir", o.build_dir, "--paths",
+                                           "bypass,tlsfloor", "--topologies", "cross",
+                                           "--reps", "1", "--first-byte-conns", "0"]))
+    rows = []
+    try:
+        bench.setup()
+        for combo in bench.combos:
+            procs = pids("sockmesh-proxy --node" if combo.path == "bypass"
+                         else "sockmesh-loadgen relay --listen")
+            stream = lambda: bench.throughput(combo, o.mib << 20, 1)  # noqa: E731
+            rtts = lambda: bench.pingpong(combo, o.rtts, 100)  # noqa: E731
+            s = perf_stat(procs, ["raw_syscalls:sys_enter", "task-clock"], stream)
+            r = perf_stat(procs, ["syscalls:sys_enter_" + c for c in SYSCALLS], rtts)
+            places = perf_places(procs, stream)
+            rows.append((combo.path, s, r, places))
+    finally:
+        bench.cleanup()
+    names = {"bypass": "(2) sockmesh proxies", "tlsfloor": "(t) TLS floor relays"}
+    print("\n| | syscalls / MiB | task-clock ms / GiB | syscalls / round trip |")
+    print("|---|---:|---:|---:|")
+    for path, s, r, _ in rows:
+        per_rt = sum(r.values()) / o.rtts
+        print("| %s | %.1f | %.0f | %.1f |" % (names[path], s["raw_syscalls:sys_enter"] / o.mib,
+                                               s["task-clock"] * 1024 / o.mib, per_rt))
+    print("\nCalls per round trip:")
+    for path, _, r, _ in rows:
+        print("- %s: %s" % (names[path], ", ".join(
+            "%s %.2f" % (k.split("sys_enter_")[1], v / o.rtts) for k, v in sorted(r.items())
+            if v > 0)))
+    print("\nperf record samples per MiB of the stream (499 Hz), by place:")
+    for path, _, _, places in rows:
+        print("- %s: %s" % (names[path], ", ".join(
+            "%s %.2f" % (k, v / o.mib) for k, v in places.most_common())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
