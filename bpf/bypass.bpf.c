@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /* sockops + sk_msg on a cgroup v2: the local hop between an app and the proxy skips the TCP/IP
- * stack in one direction. Both ends of such a connection go into the SOCKHASH sm_bypass under their
- * own (netns, 4-tuple); sk_msg then moves each sendmsg of the app straight into the proxy socket's
- * receive queue (BPF_F_INGRESS).
+ * stack in one direction. Both ends of such a connection go into a SOCKHASH under their own (netns,
+ * 4-tuple): the app's into sm_bypass, where sk_msg is attached, the proxy's (SM_MARK_PROXY) into
+ * sm_bypass_proxy, where nothing is; sk_msg then moves each sendmsg of the app straight into the
+ * proxy socket's receive queue (BPF_F_INGRESS), and the proxy's sends never run it.
  *
  * The pairing rule: two sockets are paired only when they are provably the two ends of one
  * connection in one network namespace. The active end proves it by being established in the
@@ -132,7 +133,13 @@ static __always_inline bool sm_passive_has_local_peer(const struct sm_flow_key* 
 static __always_inline bool sm_insert(struct bpf_sock_ops* ops, struct sm_flow_key* key) {
   /* A new connection that reuses a 4-tuple must not inherit an old one's stack pinning. */
   bpf_map_delete_elem(&sm_stack_flows, key);
-  if (bpf_sock_hash_update(ops, &sm_bypass, key, BPF_ANY) != 0) {
+  /* The proxy's end goes where no sk_msg program runs on its sends (bpf/lib/maps.h). A passive
+   * proxy socket has its listener's mark. */
+  struct bpf_sock* sk = ops->sk;
+  long rc = (sk && (sk->mark & SM_MARK_PROXY))
+                ? bpf_sock_hash_update(ops, &sm_bypass_proxy, key, BPF_ANY)
+                : bpf_sock_hash_update(ops, &sm_bypass, key, BPF_ANY);
+  if (rc != 0) {
     sm_count(SM_CNT_SOCKOPS_INSERT_FAILED);
     return false;
   }
@@ -174,7 +181,9 @@ int sm_sockops(struct bpf_sock_ops* ops) {
 SEC("sk_msg")
 int sm_sk_msg(struct sk_msg_md* msg) {
   if (!cfg_bypass) return SK_PASS;
-  /* The proxy's sends keep TCP's semantics for the app (see the top of this file). */
+  /* The proxy's sends keep TCP's semantics for the app (see the top of this file). Its sockets
+   * are in sm_bypass_proxy, where this program does not run; one in sm_bypass was put there by a
+   * sockops of an older sockmesh before an upgrade, and is guarded here for its lifetime. */
   struct bpf_sock* sk = msg->sk;
   if (sk && (sk->mark & SM_MARK_PROXY)) {
     sm_count(SM_CNT_PROXY_STACK_SENDS);
@@ -188,7 +197,10 @@ int sm_sk_msg(struct sk_msg_md* msg) {
   }
   struct sm_flow_key peer = {};
   sm_flow_reverse(&own, &peer);
-  if (bpf_msg_redirect_hash(msg, &sm_bypass, &peer, BPF_F_INGRESS) == SK_PASS) {
+  /* The peer is the proxy, or (an app talking to its own pod's address) another app; also an
+   * older sockmesh's proxy socket, which sits in sm_bypass. A miss changes nothing. */
+  if (bpf_msg_redirect_hash(msg, &sm_bypass_proxy, &peer, BPF_F_INGRESS) == SK_PASS ||
+      bpf_msg_redirect_hash(msg, &sm_bypass, &peer, BPF_F_INGRESS) == SK_PASS) {
     sm_count(SM_CNT_BYPASS_SENDS);
     return SK_PASS;
   }

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "base/log.h"
 #include "loader/maps/workload_map.h"
@@ -17,7 +18,7 @@
 namespace sockmesh::maps {
 namespace {
 
-// sm_bypass's value is the socket cookie (what a userspace lookup returns).
+// The bypass maps' value is the socket cookie (what a userspace lookup returns).
 constexpr MapShape kBypassShape{BPF_MAP_TYPE_SOCKHASH, sizeof(sm_flow_key), sizeof(uint64_t)};
 constexpr MapShape kStackFlowsShape{BPF_MAP_TYPE_LRU_HASH, sizeof(sm_flow_key), sizeof(uint32_t)};
 constexpr uint32_t kPinnedValue = 1;
@@ -73,25 +74,31 @@ Result<FlowKey> app_flow_of_proxy_socket(int fd) {
 Result<BypassFlows> BypassFlows::open(const std::string& pin_root) {
   auto bypass = PinnedMap::open(pin_root, SM_MAP_BYPASS, Access::kReadWrite, kBypassShape);
   if (!bypass) return bypass.error();
+  auto proxy = PinnedMap::open(pin_root, SM_MAP_BYPASS_PROXY, Access::kReadOnly, kBypassShape);
+  if (!proxy) return proxy.error();
   auto stack = PinnedMap::open(pin_root, SM_MAP_STACK_FLOWS, Access::kReadWrite, kStackFlowsShape);
   if (!stack) return stack.error();
-  return BypassFlows(std::move(bypass).value(), std::move(stack).value());
+  return BypassFlows(std::move(bypass).value(), std::move(proxy).value(), std::move(stack).value());
 }
 
-bool BypassFlows::bypassed(const FlowKey& socket) const {
+BypassMap BypassFlows::map_of(const FlowKey& socket) const {
   sm_flow_key key = socket.to_kernel();
   uint64_t cookie = 0;
-  int err = bypass_.lookup(&key, &cookie);
-  if (err == 0) return true;
-  if (err != -ENOENT) {
+  const std::pair<const PinnedMap*, BypassMap> maps[] = {{&proxy_, BypassMap::kProxy},
+                                                         {&bypass_, BypassMap::kApps}};
+  for (auto [map, which] : maps) {
+    int err = map->lookup(&key, &cookie);
+    if (err == 0) return which;
+    if (err == -ENOENT) continue;
     static std::atomic<bool> logged{false};
     if (!logged.exchange(true)) {
       SM_WARN("maps") << "bypass map lookup failed, treating the socket as not bypassed: map="
-                      << bypass_.path() << " flow=" << socket.to_string()
+                      << map->path() << " flow=" << socket.to_string()
                       << " error=" << std::strerror(-err);
     }
+    return BypassMap::kNone;
   }
-  return false;
+  return BypassMap::kNone;
 }
 
 Status BypassFlows::pin_to_stack(const FlowKey& app) const {

@@ -1,6 +1,7 @@
 #pragma once
-// The sockmap bypass as the proxy sees it: which of its sockets towards an app are in sm_bypass
-// (the app's sends into them skip the TCP stack), and sm_stack_flows, where the proxy sends an
+// The sockmap bypass as the proxy sees it: which of its sockets towards an app are in
+// sm_bypass_proxy (the app's sends into them skip the TCP stack; the app's end is in sm_bypass,
+// where sk_msg runs), and sm_stack_flows, where the proxy sends an
 // app's flow back to the stack when it stops reading it.
 //
 // Why pinning exists: bytes redirected by sk_msg land in the proxy socket's ingress queue, which
@@ -21,14 +22,14 @@
 namespace sockmesh::maps {
 
 // One end of a TCP connection from that socket's point of view, in its network namespace: the
-// key of sm_bypass and sm_stack_flows (struct sm_flow_key).
+// key of sm_bypass, sm_bypass_proxy and sm_stack_flows (struct sm_flow_key).
 struct FlowKey {
   uint64_t netns = 0;  // SO_NETNS_COOKIE of the socket's namespace
   Endpoint local;
   Endpoint remote;
 
   // The other end of the same connection, provided it lives in the same namespace (true of the
-  // app <-> proxy hop, the only connections in sm_bypass).
+  // app <-> proxy hop, the only connections in the bypass maps).
   FlowKey reversed() const { return FlowKey{netns, remote, local}; }
   sm_flow_key to_kernel() const;
   // "netns 4096 10.0.0.2:41000 -> 10.0.0.9:80", for logs.
@@ -43,16 +44,23 @@ Result<FlowKey> flow_of_socket(int fd);
 // in `fd`'s namespace (the proxy creates its sockets to and from a pod in the pod's netns).
 Result<FlowKey> app_flow_of_proxy_socket(int fd);
 
+// Which bypass map holds a socket: the apps' ends are in sm_bypass (sk_msg runs on their sends),
+// the proxy's in sm_bypass_proxy (where the apps' sends are redirected to; nothing runs on its
+// own).
+enum class BypassMap { kNone, kApps, kProxy };
+
 class BypassFlows {
  public:
-  // Opens <pin_root>/sm_bypass (looked up, and app sockets removed) and <pin_root>/sm_stack_flows
-  // (written). Fails when sockmesh is not installed there, or was built with another layout of
-  // the maps.
+  // Opens <pin_root>/sm_bypass (looked up, and app sockets removed), <pin_root>/sm_bypass_proxy
+  // (looked up) and <pin_root>/sm_stack_flows (written). Fails when sockmesh is not installed
+  // there, or was built with another layout of the maps.
   static Result<BypassFlows> open(const std::string& pin_root = SM_PIN_ROOT_DEFAULT);
 
-  // Whether the socket with this key is in sm_bypass now. An unexpected kernel error is logged
-  // once and read as "not bypassed" (the connection then just keeps the unbounded queue).
-  bool bypassed(const FlowKey& socket) const;
+  // Which map holds the socket with this key now. An unexpected kernel error is logged once and
+  // read as "none" (the connection then just keeps the unbounded queue).
+  BypassMap map_of(const FlowKey& socket) const;
+  // Whether the socket with this key is in either map now.
+  bool bypassed(const FlowKey& socket) const { return map_of(socket) != BypassMap::kNone; }
   // Sends the app's later bytes on flow `app` through the TCP stack. Idempotent.
   Status pin_to_stack(const FlowKey& app) const;
   // Takes the app's socket of flow `app` out of sm_bypass, which gives it back TCP's own receive
@@ -67,13 +75,18 @@ class BypassFlows {
   bool pinned(const FlowKey& app) const;
 
   // False once the loader removed or recreated the maps under the pin root.
-  bool still_pinned() const { return bypass_.still_pinned() && stack_flows_.still_pinned(); }
+  bool still_pinned() const {
+    return bypass_.still_pinned() && proxy_.still_pinned() && stack_flows_.still_pinned();
+  }
   const std::string& path() const { return stack_flows_.path(); }
 
  private:
-  BypassFlows(PinnedMap bypass, PinnedMap stack_flows)
-      : bypass_(std::move(bypass)), stack_flows_(std::move(stack_flows)) {}
+  BypassFlows(PinnedMap bypass, PinnedMap proxy, PinnedMap stack_flows)
+      : bypass_(std::move(bypass)),
+        proxy_(std::move(proxy)),
+        stack_flows_(std::move(stack_flows)) {}
   PinnedMap bypass_;
+  PinnedMap proxy_;
   PinnedMap stack_flows_;
 };
 

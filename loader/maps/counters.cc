@@ -27,13 +27,15 @@ constexpr CounterInfo kCounters[] = {
     {"bypass_sends", "sends redirected to the local peer by sk_msg"},
     {"bypass_misses", "sends whose peer was not in the SOCKHASH (went via the stack)"},
     {"bypass_pinned", "sends kept on the stack path after an earlier miss"},
-    {"sockops_inserted", "sockets added to the bypass SOCKHASH"},
-    {"sockops_insert_failed", "sockets the kernel refused to add to the bypass SOCKHASH"},
+    {"sockops_inserted", "sockets added to a bypass SOCKHASH (sm_bypass, sm_bypass_proxy)"},
+    {"sockops_insert_failed", "sockets the kernel refused to add to a bypass SOCKHASH"},
     {"node_exempt", "inbound SYNs from the node's own addresses (kubelet probes), not captured"},
-    {"bypass_refused", "sockets not paired for the bypass: their peer was not proven (stale note, "
-                       "other netns, or a local app's address without a note)"},
-    {"proxy_stack_sends", "the proxy's sends to an app, kept on the stack (TCP's close and window "
-                          "semantics for the app)"},
+    {"bypass_refused",
+     "sockets not paired for the bypass: their peer was not proven (stale note, "
+     "other netns, or a local app's address without a note)"},
+    {"proxy_stack_sends",
+     "the proxy's sends on a socket an older sockmesh put into sm_bypass, kept "
+     "on the stack (0 for this version's sockets)"},
     {"bypass_notes_expired", "pairing notes removed because their socket closed unpaired"},
     {"time_wait_syn", "SYNs to capture whose tuple a TIME_WAIT socket held (handed to it)"},
     {"time_wait_reused", "SYNs that reused a TIME_WAIT tuple, given to the proxy's listener"},

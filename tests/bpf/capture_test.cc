@@ -107,7 +107,7 @@ class CaptureTest : public ::testing::Test {
     listeners_.reset();
     counters_.reset();
     for (const char* m :
-         {SM_MAP_WORKLOADS, SM_MAP_LISTENERS, SM_MAP_COUNTERS, SM_MAP_BYPASS, SM_MAP_STACK_FLOWS,
+         {SM_MAP_WORKLOADS, SM_MAP_LISTENERS, SM_MAP_COUNTERS, SM_MAP_BYPASS, SM_MAP_BYPASS_PROXY, SM_MAP_STACK_FLOWS,
           SM_MAP_AWAIT_PEER, SM_MAP_NODE_ADDRS, SM_MAP_TIME_WAIT_SYNS}) {
       unlink((root_ + "/" + m).c_str());
     }

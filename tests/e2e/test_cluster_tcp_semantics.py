@@ -327,7 +327,7 @@ class TcpSemantics(unittest.TestCase):
         def empty(node, name):
             return node.bpftool_dump(name) == []
         for node in self.cluster.nodes:
-            for name in ("sm_await_peer", "sm_bypass"):
+            for name in ("sm_await_peer", "sm_bypass", "sm_bypass_proxy"):
                 try:
                     wait_until("%s on %s to empty" % (name, node.name),
                                lambda: empty(node, name), 5)

@@ -276,6 +276,48 @@ TEST_F(StackPinningTest, AnUnpinnedFlowIsNotPinnedAndAProxySocketOnTheStackIsNot
   EXPECT_FALSE(flows_->bypassed(*upstream_key)) << upstream_key->to_string();
 }
 
+// Where each end of a bypassed connection sits, and what that buys: the app's end in sm_bypass,
+// where sk_msg runs on its sends and redirects them into the proxy's end; the proxy's end in
+// sm_bypass_proxy, where nothing runs, so its own sends take TCP's send path as without the
+// bypass (with the proxy's end in sm_bypass, every one of them ran sk_msg and was counted in
+// proxy_stack_sends, then pushed out page by page).
+TEST_F(StackPinningTest, TheProxyEndIsOutOfSkMsgsWayAndStillReceivesTheAppsRedirectedSends) {
+  UniqueFd app, proxy_end;
+  ASSERT_NO_FATAL_FAILURE(connect_app(app, proxy_end));
+  auto proxy_key = maps::flow_of_socket(proxy_end.get());
+  ASSERT_TRUE(proxy_key);
+  auto app_key = maps::app_flow_of_proxy_socket(proxy_end.get());
+  ASSERT_TRUE(app_key);
+  EXPECT_EQ(flows_->map_of(*proxy_key), maps::BypassMap::kProxy) << proxy_key->to_string();
+  EXPECT_EQ(flows_->map_of(*app_key), maps::BypassMap::kApps) << app_key->to_string();
+
+  // The proxy sends 1 MiB to the app: sk_msg never sees it, and the app gets every byte.
+  constexpr size_t kToApp = kMiB;
+  auto to_app = testing::pattern(kToApp, 21);
+  uint64_t proxy_sends_before = counter(SM_CNT_PROXY_STACK_SENDS);
+  uint64_t redirected_before = counter(SM_CNT_BYPASS_SENDS);
+  std::thread sender([&] {
+    Writer writer{proxy_end.get(), to_app};
+    EXPECT_EQ(writer.write_for(std::chrono::milliseconds(10000), kToApp), kToApp);
+    shutdown(proxy_end.get(), SHUT_WR);
+  });
+  EXPECT_EQ(read_and_check(app.get(), to_app, 15000), kToApp);
+  sender.join();
+  EXPECT_EQ(counter(SM_CNT_PROXY_STACK_SENDS), proxy_sends_before)
+      << "sk_msg ran on the proxy's sends";
+  EXPECT_EQ(counter(SM_CNT_BYPASS_SENDS), redirected_before);
+
+  // The app's sends are still redirected into the proxy's end, and arrive whole.
+  constexpr size_t kToProxy = 256 * 1024;
+  auto to_proxy = testing::pattern(kToProxy, 22);
+  Writer writer{app.get(), to_proxy};
+  ASSERT_EQ(writer.write_for(std::chrono::milliseconds(5000), kToProxy), kToProxy);
+  shutdown(app.get(), SHUT_WR);
+  EXPECT_GT(counter(SM_CNT_BYPASS_SENDS), redirected_before)
+      << "the app's sends were not redirected";
+  EXPECT_EQ(read_and_check(proxy_end.get(), to_proxy, 15000), kToProxy);
+}
+
 // Issue #16 item 2, the question net::SpliceRelay depends on: does splice(2) from a bypassed proxy
 // socket see the bytes sk_msg redirected into it? They wait on the psock's ingress queue, which
 // tcp_bpf's recvmsg reads; tcp_splice_read reads the TCP receive queue only. This pins down what
@@ -402,7 +444,6 @@ TEST_F(StackPinningTest, TheRelayPinsTheAppFlowWhenItsUpstreamStalls) {
   loop.join();
   EXPECT_TRUE(forgotten_within(*app_key, 3000));
 }
-
 
 // What an app's blocking recv() returns while the app waits for the proxy, measured in a thread.
 struct BlockingRecv {

@@ -62,6 +62,7 @@
 #define SM_MAP_LISTENERS "sm_listeners"
 #define SM_MAP_COUNTERS "sm_counters"
 #define SM_MAP_BYPASS "sm_bypass"
+#define SM_MAP_BYPASS_PROXY "sm_bypass_proxy"
 #define SM_MAP_STACK_FLOWS "sm_stack_flows"
 #define SM_MAP_AWAIT_PEER "sm_await_peer"
 #define SM_MAP_NODE_ADDRS "sm_node_addrs"
