@@ -416,8 +416,14 @@ class ClusterBench:
         return r
 
     def pingpong(self, combo, iters, warmup):
-        return self.loadgen(combo, ["--mode", "pingpong", "--size", "1024", "--iters", str(iters),
-                                    "--warmup", str(warmup)])
+        """Round trips; with the CPU time of the path's cgroup tree per round trip (warm-up and
+        the one connection's setup included: a few µs over thousands of round trips)."""
+        cg = combo.cluster.cgroup
+        c0 = cgroup_cpu_seconds(cg)
+        r = self.loadgen(combo, ["--mode", "pingpong", "--size", "1024", "--iters", str(iters),
+                                 "--warmup", str(warmup)])
+        r["cpu_us_per_rt"] = (cgroup_cpu_seconds(cg) - c0) * 1e6 / (iters + warmup)
+        return r
 
     def first_byte_combos(self):
         out = []
@@ -545,11 +551,13 @@ class ClusterBench:
                 "tp8": med(t["gbps"] for t in r["tp8"]),
                 "p50": med(p["p50_us"] for p in r["pp"]),
                 "p99": med(p["p99_us"] for p in r["pp"]),
+                "cpu_us_per_rt": med(p["cpu_us_per_rt"] for p in r["pp"]),
                 "cpu_per_gb": sum(t["cgroup_cpu_s"] for t in tp) / (moved / GB),
                 "sys_cpu_per_gb": sum(t["system_cpu_s"] for t in tp) / (moved / GB),
                 "tp1_all": [t["gbps"] for t in r["tp1"]],
                 "tp8_all": [t["gbps"] for t in r["tp8"]],
                 "p50_all": [p["p50_us"] for p in r["pp"]],
+                "cpu_rt_all": [p["cpu_us_per_rt"] for p in r["pp"]],
                 "rss_mib": (sum(rss[x.path].values()) / 1024.0) if x.path in rss else None,
             }
         return s
@@ -613,14 +621,16 @@ class ClusterBench:
                                                   for n, kib in sorted(v.items())))
                          for k, v in rss.items()))
             L.append("")
-        L.append("Per-repetition figures (1 stream Gbit/s | %d streams Gbit/s | RTT p50 µs):" %
-                 o.streams)
+        L.append("Per-repetition figures (1 stream Gbit/s | %d streams Gbit/s | RTT p50 µs | "
+                 "CPU µs per round trip):" % o.streams)
         L.append("")
         for x in self.combos:
             v = s[x.key]
-            L.append("- %s: %s | %s | %s" % (x.key, ", ".join("%.2f" % g for g in v["tp1_all"]),
-                                             ", ".join("%.2f" % g for g in v["tp8_all"]),
-                                             ", ".join("%.1f" % g for g in v["p50_all"])))
+            L.append("- %s: %s | %s | %s | %s" % (
+                x.key, ", ".join("%.2f" % g for g in v["tp1_all"]),
+                ", ".join("%.2f" % g for g in v["tp8_all"]),
+                ", ".join("%.1f" % g for g in v["p50_all"]),
+                ", ".join("%.1f" % g for g in v["cpu_rt_all"])))
         L.append("")
         L.append("Datapath evidence over the measured repetitions (counter deltas, both nodes):")
         L.append("")
@@ -716,12 +726,15 @@ class ClusterBench:
             L.append("- Sockmesh (2) across nodes against the TLS floor (t): 1 KiB RTT p50 %.1f "
                      "against %.1f µs, %+.1f µs (target within %.0f µs: %s); p99 %+.1f µs; CPU "
                      "s/GB %.2f against %.2f = %.2f× (target ≤ %.2g: %s); 1 stream %.2f against "
-                     "%.2f Gbit/s." % (
+                     "%.2f Gbit/s. CPU per round trip (all processes of the path, kernel "
+                     "included): %.1f against %.1f µs, %+.1f µs: on 2 CPUs a round trip is "
+                     "mostly CPU time, so the RTT gap follows this one." % (
                          v["p50"], t["p50"], d, TARGET_RTT_OVER_TLS_FLOOR_US,
                          "met" if d <= TARGET_RTT_OVER_TLS_FLOOR_US else "NOT met",
                          v["p99"] - t["p99"], v["cpu_per_gb"], t["cpu_per_gb"], c,
                          TARGET_CPU_VS_TLS_FLOOR, "met" if c <= TARGET_CPU_VS_TLS_FLOOR else
-                         "NOT met", v["tp1"], t["tp1"]))
+                         "NOT met", v["tp1"], t["tp1"], v["cpu_us_per_rt"], t["cpu_us_per_rt"],
+                         v["cpu_us_per_rt"] - t["cpu_us_per_rt"]))
         f = s.get("floor/cross")
         if f is not None and t is not None:
             L.append("- (f) → (t), what mTLS 1.3 alone costs across nodes: RTT p50 %+.1f µs, CPU "

@@ -238,6 +238,8 @@ class H2Connection : public std::enable_shared_from_this<H2Connection> {
   int take_cleartext(uint8_t* to, size_t len, size_t* got);
   void read_loop();
   void on_readable();
+  // Waits for ciphertext by reading the socket into in_ through the reactor, then on_readable().
+  void receive_socket();
   // Tells every stream that received DATA in this read that the read is over (on_batch_end).
   void end_read_batch();
   // Waits until the socket is readable or writable, with `busy` set meanwhile, then calls
@@ -262,6 +264,9 @@ class H2Connection : public std::enable_shared_from_this<H2Connection> {
   AlignedBytes in_;         // ciphertext received, not yet taken by OpenSSL: [in_pos_, in_len_)
   size_t in_pos_ = 0;
   size_t in_len_ = 0;
+  // The last read of the socket was short: its receive queue was empty then, so when OpenSSL
+  // wants more the connection waits instead of asking the socket again (one EAGAIN fewer).
+  bool socket_drained_ = false;
   AlignedBytes read_buf_;   // plaintext for nghttp2
   AlignedBytes plain_;      // frames of one write batch, before encryption
   AlignedBytes out_;        // ciphertext not yet sent: [out_pos_, end)

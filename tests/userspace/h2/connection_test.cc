@@ -312,6 +312,40 @@ TEST_F(H2ConnectionTest, ServerClosesAConnectionIdleWithoutStreams) {
   client->abort("test over");
 }
 
+// A connection waiting for input (its socket read handed to the reactor, receive_socket) learns
+// of a peer that goes away without a TLS close_notify: a FIN reads as "peer closed the
+// connection", an RST as a failed read; either way it closes and says so.
+TEST_F(H2ConnectionTest, AWaitingConnectionClosesWhenThePeerVanishes) {
+  for (bool reset : {false, true}) {
+    SCOPED_TRACE(reset ? "peer resets" : "peer closes");
+    auto p = connected_pair();
+    auto server = std::make_shared<H2Connection>(std::move(p.server), H2Connection::Role::kServer,
+                                                 Settings{});
+    std::string reason;
+    server->set_close_handler([&](const std::string& r) { reason = r; });
+    ASSERT_TRUE(server->start());
+    // The client's preface and SETTINGS, then nothing: the server has read them and waits.
+    std::string preface(kPreface);
+    preface.append("\x00\x00\x00\x04\x00\x00\x00\x00\x00", 9);
+    boost::asio::write(*p.client, boost::asio::buffer(preface));
+    run_until([] { return false; }, 200ms);
+    ASSERT_FALSE(server->closed());
+    if (reset) {
+      p.client->next_layer().set_option(boost::asio::socket_base::linger(true, 0));
+      p.client->next_layer().close();
+    } else {
+      // A FIN (a close() would reset: the server's SETTINGS are unread here).
+      p.client->next_layer().shutdown(Tcp::socket::shutdown_send);
+    }
+    ASSERT_TRUE(run_until([&] { return server->closed(); }, 3000ms));
+    if (reset) {
+      EXPECT_NE(reason.find("read failed"), std::string::npos) << reason;
+    } else {
+      EXPECT_NE(reason.find("peer closed the connection"), std::string::npos) << reason;
+    }
+  }
+}
+
 TEST_F(H2ConnectionTest, IdleTimeoutWaitsForTheLastStream) {
   auto p = connected_pair();
   Settings settings;
