@@ -4,8 +4,10 @@
 On the cluster bench's pods (bench/cluster.py), across nodes: the two node proxies of (2) against
 the two relays of (t) (mutual TLS 1.3, no HTTP/2), for the same work, one after the other:
   - 1 stream of --mib MiB: syscalls per MiB and task-clock ms per GiB of the two processes
-    (perf stat -e raw_syscalls:sys_enter,task-clock -p <pids>);
-  - --rtts round trips of 1 KiB: syscalls per round trip, and the calls that make them;
+    (perf stat -e raw_syscalls:sys_enter,task-clock -p <pids>), and their user and system CPU
+    time per GiB (/proc/<pid>/stat);
+  - --rtts round trips of 1 KiB: syscalls per round trip, and the calls that make them; then
+    again, the user and system CPU time of the two processes per round trip (/proc/<pid>/stat);
   - the same stream under perf record: the samples of the two processes by where they were
     (kernel send path, kernel receive path, softirq, crypto, memcpy, the rest), per MiB.
 Prints a table; compare rows of one run only. Needs perf (Debian linux-perf, scripts/setup).
@@ -30,6 +32,29 @@ SYSCALLS = ["sendto", "recvfrom", "sendmsg", "recvmsg", "read", "write", "epoll_
 def pids(pattern):
     return subprocess.run(["pgrep", "-f", pattern], capture_output=True,
                           text=True).stdout.split()
+
+
+def cpu_ticks(pid_list):
+    """(user, system) clock ticks of the processes, all their threads (/proc/<pid>/stat)."""
+    user = system = 0
+    for pid in pid_list:
+        try:
+            with open("/proc/%s/stat" % pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        user += int(fields[11])    # utime (field 14)
+        system += int(fields[12])  # stime (field 15)
+    return user, system
+
+
+def cpu_split(pid_list, work):
+    """Runs work(); returns (user, system) CPU seconds the processes spent meanwhile."""
+    hz = os.sysconf("SC_CLK_TCK")
+    u0, s0 = cpu_ticks(pid_list)
+    work()
+    u1, s1 = cpu_ticks(pid_list)
+    return (u1 - u0) / hz, (s1 - s0) / hz
 
 
 def perf_stat(pid_list, events, work):
@@ -104,26 +129,44 @@ def main(argv):
                          else "sockmesh-loadgen relay --listen")
             stream = lambda: bench.throughput(combo, o.mib << 20, 1)  # noqa: E731
             rtts = lambda: bench.pingpong(combo, o.rtts, 100)  # noqa: E731
-            s = perf_stat(procs, ["raw_syscalls:sys_enter", "task-clock"], stream)
+            stream_split = []
+
+            def measured_stream():
+                c0 = cb.cgroup_cpu_seconds(combo.cluster.cgroup)  # noqa: B023
+                user, system = cpu_split(procs, stream)  # noqa: B023
+                whole = cb.cgroup_cpu_seconds(combo.cluster.cgroup) - c0  # noqa: B023
+                stream_split.append((user, system, whole))
+
+            s = perf_stat(procs, ["raw_syscalls:sys_enter", "task-clock"], measured_stream)
             r = perf_stat(procs, ["syscalls:sys_enter_" + c for c in SYSCALLS], rtts)
+            split = cpu_split(procs, rtts)
             places = perf_places(procs, stream)
-            rows.append((combo.path, s, r, places))
+            rows.append((combo.path, s, r, places, split, stream_split[0]))
     finally:
         bench.cleanup()
     names = {"bypass": "(2) sockmesh proxies", "tlsfloor": "(t) TLS floor relays"}
-    print("\n| | syscalls / MiB | task-clock ms / GiB | syscalls / round trip |")
-    print("|---|---:|---:|---:|")
-    for path, s, r, _ in rows:
+    print("\n| | syscalls / MiB | task-clock ms / GiB | CPU ms / GiB: user | system | "
+          "apps and the rest | syscalls / round trip | CPU µs / round trip: user | system |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for path, s, r, _, (user, system), (s_user, s_system, s_whole) in rows:
         per_rt = sum(r.values()) / o.rtts
-        print("| %s | %.1f | %.0f | %.1f |" % (names[path], s["raw_syscalls:sys_enter"] / o.mib,
-                                               s["task-clock"] * 1024 / o.mib, per_rt))
+        per_gib = 1e3 * 1024 / o.mib
+        print("| %s | %.1f | %.0f | %.0f | %.0f | %.0f | %.1f | %.1f | %.1f |" % (
+            names[path], s["raw_syscalls:sys_enter"] / o.mib, s["task-clock"] * 1024 / o.mib,
+            s_user * per_gib, s_system * per_gib, (s_whole - s_user - s_system) * per_gib,
+            per_rt, user * 1e6 / o.rtts, system * 1e6 / o.rtts))
+    print("\nUser and system CPU are those of the two proxies (or relays) only, from "
+          "/proc/<pid>/stat; system includes the softirq work charged to them (the sends they "
+          "make deliver the packets to the next socket). \"apps and the rest\": the path's "
+          "cgroup v2 tree (as in the cluster bench's CPU s/GB) less those two: the client and "
+          "server apps and the softirq work charged to them.")
     print("\nCalls per round trip:")
-    for path, _, r, _ in rows:
+    for path, _, r, _, _, _ in rows:
         print("- %s: %s" % (names[path], ", ".join(
             "%s %.2f" % (k.split("sys_enter_")[1], v / o.rtts) for k, v in sorted(r.items())
             if v > 0)))
     print("\nperf record samples per MiB of the stream (499 Hz), by place:")
-    for path, _, _, places in rows:
+    for path, _, _, places, _, _ in rows:
         print("- %s: %s" % (names[path], ", ".join(
             "%s %.2f" % (k, v / o.mib) for k, v in places.most_common())))
     return 0
