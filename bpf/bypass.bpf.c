@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /* sockops + sk_msg on a cgroup v2: the local hop between an app and the proxy skips the TCP/IP
  * stack in one direction. Both ends of such a connection go into a SOCKHASH under their own (netns,
- * 4-tuple): the app's into sm_bypass, where sk_msg is attached, the proxy's (SM_MARK_PROXY) into
- * sm_bypass_proxy, where nothing is; sk_msg then moves each sendmsg of the app straight into the
+ * 4-tuple): the app's into sm_bypass, where sk_msg is attached, the proxy's (SM_MARK_PROXY with
+ * SM_MARK_PROXY_MAP) into sm_bypass_proxy, where nothing is; sk_msg then moves each sendmsg of the app straight into the
  * proxy socket's receive queue (BPF_F_INGRESS), and the proxy's sends never run it.
  *
  * The pairing rule: two sockets are paired only when they are provably the two ends of one
@@ -133,10 +133,12 @@ static __always_inline bool sm_passive_has_local_peer(const struct sm_flow_key* 
 static __always_inline bool sm_insert(struct bpf_sock_ops* ops, struct sm_flow_key* key) {
   /* A new connection that reuses a 4-tuple must not inherit an old one's stack pinning. */
   bpf_map_delete_elem(&sm_stack_flows, key);
-  /* The proxy's end goes where no sk_msg program runs on its sends (bpf/lib/maps.h). A passive
-   * proxy socket has its listener's mark. */
+  /* The proxy's end goes where no sk_msg program runs on its sends (bpf/lib/maps.h), if that
+   * proxy looks for it there (SM_MARK_PROXY_MAP; an older proxy looks in sm_bypass only). A
+   * passive proxy socket has its listener's mark. */
   struct bpf_sock* sk = ops->sk;
-  long rc = (sk && (sk->mark & SM_MARK_PROXY))
+  __u32 proxy_map = SM_MARK_PROXY | SM_MARK_PROXY_MAP;
+  long rc = (sk && (sk->mark & proxy_map) == proxy_map)
                 ? bpf_sock_hash_update(ops, &sm_bypass_proxy, key, BPF_ANY)
                 : bpf_sock_hash_update(ops, &sm_bypass, key, BPF_ANY);
   if (rc != 0) {
@@ -182,8 +184,8 @@ SEC("sk_msg")
 int sm_sk_msg(struct sk_msg_md* msg) {
   if (!cfg_bypass) return SK_PASS;
   /* The proxy's sends keep TCP's semantics for the app (see the top of this file). Its sockets
-   * are in sm_bypass_proxy, where this program does not run; one in sm_bypass was put there by a
-   * sockops of an older sockmesh before an upgrade, and is guarded here for its lifetime. */
+   * are in sm_bypass_proxy, where this program does not run, except those of a proxy older than
+   * that map, or put here by an older sockops before an upgrade: those are guarded here. */
   struct bpf_sock* sk = msg->sk;
   if (sk && (sk->mark & SM_MARK_PROXY)) {
     sm_count(SM_CNT_PROXY_STACK_SENDS);

@@ -2,6 +2,7 @@
 
 #include <linux/bpf.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
@@ -32,6 +33,12 @@ Result<Endpoint> endpoint_of(int fd, bool local) {
   auto e = Endpoint::from_sockaddr(sa);
   if (!e) return Error{EAFNOSUPPORT, "not an IPv4 or IPv6 socket"};
   return *e;
+}
+
+// Whether the loader that installed this pin root knew sm_bypass_proxy.
+bool proxy_map_pinned(const std::string& pin_root) {
+  std::string path = pin_root + "/" + SM_MAP_BYPASS_PROXY;
+  return access(path.c_str(), F_OK) == 0;
 }
 
 }  // namespace
@@ -74,29 +81,39 @@ Result<FlowKey> app_flow_of_proxy_socket(int fd) {
 Result<BypassFlows> BypassFlows::open(const std::string& pin_root) {
   auto bypass = PinnedMap::open(pin_root, SM_MAP_BYPASS, Access::kReadWrite, kBypassShape);
   if (!bypass) return bypass.error();
-  auto proxy = PinnedMap::open(pin_root, SM_MAP_BYPASS_PROXY, Access::kReadOnly, kBypassShape);
-  if (!proxy) return proxy.error();
+  std::optional<PinnedMap> proxy;
+  if (proxy_map_pinned(pin_root)) {
+    auto opened = PinnedMap::open(pin_root, SM_MAP_BYPASS_PROXY, Access::kReadOnly, kBypassShape);
+    if (!opened) return opened.error();
+    proxy = std::move(opened).value();
+  }
   auto stack = PinnedMap::open(pin_root, SM_MAP_STACK_FLOWS, Access::kReadWrite, kStackFlowsShape);
   if (!stack) return stack.error();
-  return BypassFlows(std::move(bypass).value(), std::move(proxy).value(), std::move(stack).value());
+  return BypassFlows(pin_root, std::move(bypass).value(), std::move(proxy),
+                     std::move(stack).value());
+}
+
+bool BypassFlows::still_pinned() const {
+  if (!bypass_.still_pinned() || !stack_flows_.still_pinned()) return false;
+  return proxy_ ? proxy_->still_pinned() : !proxy_map_pinned(pin_root_);
 }
 
 BypassMap BypassFlows::map_of(const FlowKey& socket) const {
   sm_flow_key key = socket.to_kernel();
   uint64_t cookie = 0;
-  const std::pair<const PinnedMap*, BypassMap> maps[] = {{&proxy_, BypassMap::kProxy},
-                                                         {&bypass_, BypassMap::kApps}};
+  const std::pair<const PinnedMap*, BypassMap> maps[] = {
+      {proxy_ ? &*proxy_ : nullptr, BypassMap::kProxy}, {&bypass_, BypassMap::kApps}};
   for (auto [map, which] : maps) {
+    if (map == nullptr) continue;
     int err = map->lookup(&key, &cookie);
     if (err == 0) return which;
     if (err == -ENOENT) continue;
     static std::atomic<bool> logged{false};
     if (!logged.exchange(true)) {
-      SM_WARN("maps") << "bypass map lookup failed, treating the socket as not bypassed: map="
+      SM_WARN("maps") << "bypass map lookup failed, treating the socket as not in that map: map="
                       << map->path() << " flow=" << socket.to_string()
                       << " error=" << std::strerror(-err);
     }
-    return BypassMap::kNone;
   }
   return BypassMap::kNone;
 }

@@ -11,6 +11,7 @@
 // (bytes redirected later could overtake those waiting in the TCP receive queue); its entry goes
 // when the app's socket closes (sockops STATE_CB in bpf/bypass.bpf.c).
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "base/ip_address.h"
@@ -53,7 +54,9 @@ class BypassFlows {
  public:
   // Opens <pin_root>/sm_bypass (looked up, and app sockets removed), <pin_root>/sm_bypass_proxy
   // (looked up) and <pin_root>/sm_stack_flows (written). Fails when sockmesh is not installed
-  // there, or was built with another layout of the maps.
+  // there, or was built with another layout of the maps. A pin root installed by a loader older
+  // than sm_bypass_proxy has every socket in sm_bypass: then only that one is looked in, until
+  // the map appears (still_pinned() turns false, so that the owner opens the maps again).
   static Result<BypassFlows> open(const std::string& pin_root = SM_PIN_ROOT_DEFAULT);
 
   // Which map holds the socket with this key now. An unexpected kernel error is logged once and
@@ -75,18 +78,19 @@ class BypassFlows {
   bool pinned(const FlowKey& app) const;
 
   // False once the loader removed or recreated the maps under the pin root.
-  bool still_pinned() const {
-    return bypass_.still_pinned() && proxy_.still_pinned() && stack_flows_.still_pinned();
-  }
+  bool still_pinned() const;
   const std::string& path() const { return stack_flows_.path(); }
 
  private:
-  BypassFlows(PinnedMap bypass, PinnedMap proxy, PinnedMap stack_flows)
-      : bypass_(std::move(bypass)),
+  BypassFlows(std::string pin_root, PinnedMap bypass, std::optional<PinnedMap> proxy,
+              PinnedMap stack_flows)
+      : pin_root_(std::move(pin_root)),
+        bypass_(std::move(bypass)),
         proxy_(std::move(proxy)),
         stack_flows_(std::move(stack_flows)) {}
+  std::string pin_root_;
   PinnedMap bypass_;
-  PinnedMap proxy_;
+  std::optional<PinnedMap> proxy_;  // absent: the pin root predates sm_bypass_proxy
   PinnedMap stack_flows_;
 };
 

@@ -32,8 +32,8 @@ constexpr CounterInfo kCounters[] = {
     {"node_exempt", "inbound SYNs from the node's own addresses (kubelet probes), not captured"},
     {"bypass_refused", "sockets not paired for the bypass: their peer was not proven (stale note, "
                        "other netns, or a local app's address without a note)"},
-    {"proxy_stack_sends", "the proxy's sends on a socket an older sockmesh put into sm_bypass, "
-                          "kept on the stack (0 for this version's sockets)"},
+    {"proxy_stack_sends", "the proxy's sends on a socket in sm_bypass (an older proxy's, or put "
+                          "there by an older sockops), kept on the stack"},
     {"bypass_notes_expired", "pairing notes removed because their socket closed unpaired"},
     {"time_wait_syn", "SYNs to capture whose tuple a TIME_WAIT socket held (handed to it)"},
     {"time_wait_reused", "SYNs that reused a TIME_WAIT tuple, given to the proxy's listener"},

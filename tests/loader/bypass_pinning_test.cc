@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <bpf/bpf.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -133,10 +134,16 @@ class StackPinningTest : public ::testing::Test {
     auto flows = maps::BypassFlows::open(install_.root());
     ASSERT_TRUE(flows) << flows.error().message;
     flows_.emplace(std::move(flows).value());
-    // The proxy's outbound listener in the pod, as the proxy opens it.
+    ASSERT_NO_FATAL_FAILURE(open_listener(SM_MARK_PROXY_UPSTREAM));
+  }
+
+  // The proxy's outbound listener in the pod, as the proxy opens it (its accepted sockets inherit
+  // the mark; a proxy older than sm_bypass_proxy used SM_MARK_PROXY alone).
+  void open_listener(uint32_t mark) {
+    listener_.reset();  // the port is the same
     listener_ = testing::listen_in(
         topo_.pod.path(), Endpoint{IpAddress::v4(0), maps::port_of(ListenerKind::kOutbound)},
-        {.transparent = true, .mark = SM_MARK_PROXY});
+        {.transparent = true, .mark = mark});
     ASSERT_TRUE(listener_.valid());
     auto added = listeners_->add(topo_.pod_v4, ListenerKind::kOutbound, listener_.get());
     ASSERT_TRUE(added) << added.error().message;
@@ -316,6 +323,68 @@ TEST_F(StackPinningTest, TheProxyEndIsOutOfSkMsgsWayAndStillReceivesTheAppsRedir
   EXPECT_GT(counter(SM_CNT_BYPASS_SENDS), redirected_before)
       << "the app's sends were not redirected";
   EXPECT_EQ(read_and_check(proxy_end.get(), to_proxy, 15000), kToProxy);
+}
+
+// The node's BPF and the proxy are upgraded separately. A proxy older than sm_bypass_proxy marks
+// its sockets without SM_MARK_PROXY_MAP and looks for them in sm_bypass only: sockops puts them
+// there, so that proxy still sees them as bypassed (otherwise it would splice a socket that
+// sk_msg feeds, and the connection would hang), the redirect still reaches them, and sk_msg keeps
+// that proxy's own sends on the stack. A current proxy finds such a socket too.
+TEST_F(StackPinningTest, AnOlderProxysSocketsGoWhereItLooksForThem) {
+  ASSERT_NO_FATAL_FAILURE(open_listener(SM_MARK_PROXY));
+  UniqueFd app, proxy_end;
+  ASSERT_NO_FATAL_FAILURE(connect_app(app, proxy_end));
+  auto proxy_key = maps::flow_of_socket(proxy_end.get());
+  ASSERT_TRUE(proxy_key);
+  EXPECT_EQ(flows_->map_of(*proxy_key), maps::BypassMap::kApps) << "not in sm_bypass";
+  auto app_key = maps::app_flow_of_proxy_socket(proxy_end.get());
+  ASSERT_TRUE(app_key);
+  EXPECT_EQ(flows_->map_of(*app_key), maps::BypassMap::kApps);
+
+  uint64_t redirected_before = counter(SM_CNT_BYPASS_SENDS);
+  constexpr size_t kToProxy = 64 * 1024;
+  auto to_proxy = testing::pattern(kToProxy, 23);
+  Writer to_proxy_writer{app.get(), to_proxy};
+  ASSERT_EQ(to_proxy_writer.write_for(std::chrono::milliseconds(5000), kToProxy), kToProxy);
+  shutdown(app.get(), SHUT_WR);
+  EXPECT_GT(counter(SM_CNT_BYPASS_SENDS), redirected_before) << "the app's sends were not redirected";
+  EXPECT_EQ(read_and_check(proxy_end.get(), to_proxy, 15000), kToProxy);
+
+  uint64_t proxy_sends_before = counter(SM_CNT_PROXY_STACK_SENDS);
+  constexpr size_t kToApp = 64 * 1024;
+  auto to_app = testing::pattern(kToApp, 24);
+  Writer to_app_writer{proxy_end.get(), to_app};
+  ASSERT_EQ(to_app_writer.write_for(std::chrono::milliseconds(5000), kToApp), kToApp);
+  shutdown(proxy_end.get(), SHUT_WR);
+  EXPECT_EQ(read_and_check(app.get(), to_app, 15000), kToApp);
+  EXPECT_GT(counter(SM_CNT_PROXY_STACK_SENDS), proxy_sends_before)
+      << "sk_msg did not keep the older proxy's sends on the stack";
+}
+
+// The other order: a current proxy on a pin root that a loader older than sm_bypass_proxy
+// installed (every socket in sm_bypass). It looks in sm_bypass alone, and once the map is there
+// (the node's loader upgraded) still_pinned() says so, so that the proxy opens the maps again.
+TEST_F(StackPinningTest, APinRootWithoutTheProxyMapIsReadUntilTheMapAppears) {
+  std::string pin = install_.root() + "/" SM_MAP_BYPASS_PROXY;
+  UniqueFd map(bpf_obj_get(pin.c_str()));
+  ASSERT_TRUE(map.valid()) << std::strerror(errno);
+  ASSERT_EQ(unlink(pin.c_str()), 0) << std::strerror(errno);
+  auto old_root = maps::BypassFlows::open(install_.root());
+  ASSERT_TRUE(old_root) << old_root.error().message;
+  EXPECT_TRUE(old_root->still_pinned());
+
+  ASSERT_NO_FATAL_FAILURE(open_listener(SM_MARK_PROXY));  // what an older sockops would do
+  UniqueFd app, proxy_end;
+  ASSERT_NO_FATAL_FAILURE(connect_app(app, proxy_end));
+  auto proxy_key = maps::flow_of_socket(proxy_end.get());
+  ASSERT_TRUE(proxy_key);
+  EXPECT_EQ(old_root->map_of(*proxy_key), maps::BypassMap::kApps);
+
+  ASSERT_EQ(bpf_obj_pin(map.get(), pin.c_str()), 0) << std::strerror(errno);
+  EXPECT_FALSE(old_root->still_pinned()) << "the new map went unnoticed";
+  auto reopened = maps::BypassFlows::open(install_.root());
+  ASSERT_TRUE(reopened) << reopened.error().message;
+  EXPECT_TRUE(reopened->still_pinned());
 }
 
 // Issue #16 item 2, the question net::SpliceRelay depends on: does splice(2) from a bypassed proxy

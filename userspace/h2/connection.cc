@@ -573,12 +573,12 @@ void H2Connection::on_readable() {
 }
 
 // Why a read and not async_wait: asio's async_wait re-arms the socket in epoll (epoll_ctl) every
-// time, while a read operation keeps the registration it has and, after a short read of its own,
-// does not try the socket before the next readiness event. One message through a proxy then
-// costs an epoll_wait and a recv on this socket instead of four calls (bench/hbone_profile.py
-// counts them). Sound because the socket is a plain TCP one, where a short read means that its
-// receive queue was empty; an HBONE socket is never in the sockmap bypass (not an app <-> proxy
-// hop, see bpf/bypass.bpf.c), whose receive path can answer short with bytes still queued.
+// time, while a read operation keeps the registration it has. asio 1.18 (Boost 1.74) still tries
+// the socket once before it waits, so after a short read of ours that try is the EAGAIN we no
+// longer make ourselves (socket_drained_): one message through a proxy costs an epoll_wait and
+// two recv on this socket instead of those and an epoll_ctl (bench/hbone_profile.py counts them).
+// That try also means no byte is left behind when a short read did not empty the socket (a
+// socket in the sockmap bypass, read by tcp_bpf, can answer short with bytes still queued).
 void H2Connection::receive_socket() {
   reading_ = true;
   stream_->next_layer().async_read_some(

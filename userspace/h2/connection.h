@@ -264,8 +264,9 @@ class H2Connection : public std::enable_shared_from_this<H2Connection> {
   AlignedBytes in_;         // ciphertext received, not yet taken by OpenSSL: [in_pos_, in_len_)
   size_t in_pos_ = 0;
   size_t in_len_ = 0;
-  // The last read of the socket was short: its receive queue was empty then, so when OpenSSL
-  // wants more the connection waits instead of asking the socket again (one EAGAIN fewer).
+  // The last read of the socket was short: its receive queue was (most likely) empty then, so
+  // when OpenSSL wants more the connection hands the next read to the reactor, which tries the
+  // socket once before it waits (receive_socket), instead of reading it here first.
   bool socket_drained_ = false;
   AlignedBytes read_buf_;   // plaintext for nghttp2
   AlignedBytes plain_;      // frames of one write batch, before encryption

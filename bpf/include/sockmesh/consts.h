@@ -18,14 +18,19 @@
  * SM_MARK_PROXY     every socket of the proxy in a pod's netns (listeners, upstream sockets):
  *                   tc never captures a packet that carries it.
  * SM_MARK_LOCAL_HOP the proxy's sockets whose peer is a local app (the inbound hop to the app):
- *                   sockops puts them into the bypass SOCKHASH. Always with SM_MARK_PROXY. */
-#define SM_MARK_MASK 0x00070000u
+ *                   sockops puts them into the bypass SOCKHASH. Always with SM_MARK_PROXY.
+ * SM_MARK_PROXY_MAP the proxy looks for its own bypassed sockets in sm_bypass_proxy, so sockops
+ *                   puts them there. A proxy older than that map sets SM_MARK_PROXY without it,
+ *                   and its sockets go into sm_bypass, where it looks: the node's BPF and the
+ *                   proxy are upgraded separately, in either order. Always with SM_MARK_PROXY. */
+#define SM_MARK_MASK 0x000f0000u
 #define SM_MARK_BOUNCED 0x00010000u
 #define SM_MARK_PROXY 0x00020000u
 #define SM_MARK_LOCAL_HOP 0x00040000u
+#define SM_MARK_PROXY_MAP 0x00080000u
 /* What the proxy sets with SO_MARK. */
-#define SM_MARK_PROXY_UPSTREAM SM_MARK_PROXY
-#define SM_MARK_PROXY_TO_APP (SM_MARK_PROXY | SM_MARK_LOCAL_HOP)
+#define SM_MARK_PROXY_UPSTREAM (SM_MARK_PROXY | SM_MARK_PROXY_MAP)
+#define SM_MARK_PROXY_TO_APP (SM_MARK_PROXY | SM_MARK_LOCAL_HOP | SM_MARK_PROXY_MAP)
 
 /* Policy routing inside an enrolled pod's netns:
  *   ip rule add fwmark SM_MARK_BOUNCED/SM_MARK_BOUNCED lookup SM_ROUTE_TABLE pref SM_RULE_PRIORITY

@@ -111,9 +111,10 @@ enum sm_counter {
   SM_CNT_BYPASS_REFUSED,        /* sockets not paired: their peer could not be proven to be the
                                    other end in the same netns (stale note, netns mismatch, or a
                                    socket claiming a local app's address that left no note) */
-  SM_CNT_PROXY_STACK_SENDS,     /* the proxy's sendmsg on a socket in sm_bypass (an older sockmesh
-                                   put it there), kept on the stack; 0 for this one's sockets,
-                                   which are in sm_bypass_proxy, where sk_msg does not run */
+  SM_CNT_PROXY_STACK_SENDS,     /* the proxy's sendmsg on a socket in sm_bypass (a proxy older
+                                   than sm_bypass_proxy, or a socket an older sockops put there),
+                                   kept on the stack; 0 for a current proxy's sockets, which are
+                                   in sm_bypass_proxy, where sk_msg does not run */
   SM_CNT_BYPASS_NOTES_EXPIRED,  /* pairing notes removed because their socket closed unpaired */
   SM_CNT_TIME_WAIT_SYN,         /* SYNs to capture whose tuple a TIME_WAIT socket held: passed to
                                    it, so that it yields to the proxy's listener (sm_sk_lookup) */
