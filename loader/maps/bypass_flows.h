@@ -56,7 +56,8 @@ class BypassFlows {
   // (looked up) and <pin_root>/sm_stack_flows (written). Fails when sockmesh is not installed
   // there, or was built with another layout of the maps. A pin root installed by a loader older
   // than sm_bypass_proxy has every socket in sm_bypass: then only that one is looked in, until
-  // the map appears (still_pinned() turns false, so that the owner opens the maps again).
+  // the map appears (from then on map_of() looks in it too, and still_pinned() turns false, so
+  // that the owner opens the maps again).
   static Result<BypassFlows> open(const std::string& pin_root = SM_PIN_ROOT_DEFAULT);
 
   // Which map holds the socket with this key now. An unexpected kernel error is logged once and

@@ -382,9 +382,19 @@ TEST_F(StackPinningTest, APinRootWithoutTheProxyMapIsReadUntilTheMapAppears) {
 
   ASSERT_EQ(bpf_obj_pin(map.get(), pin.c_str()), 0) << std::strerror(errno);
   EXPECT_FALSE(old_root->still_pinned()) << "the new map went unnoticed";
+  // Before the owner opens the maps again, a connection the new sockops put into the new map is
+  // already found there.
+  ASSERT_NO_FATAL_FAILURE(open_listener(SM_MARK_PROXY_UPSTREAM));
+  UniqueFd app2, proxy_end2;
+  ASSERT_NO_FATAL_FAILURE(connect_app(app2, proxy_end2));
+  auto proxy_key2 = maps::flow_of_socket(proxy_end2.get());
+  ASSERT_TRUE(proxy_key2);
+  EXPECT_EQ(old_root->map_of(*proxy_key2), maps::BypassMap::kProxy);
+  EXPECT_EQ(old_root->map_of(*proxy_key), maps::BypassMap::kApps);
   auto reopened = maps::BypassFlows::open(install_.root());
   ASSERT_TRUE(reopened) << reopened.error().message;
   EXPECT_TRUE(reopened->still_pinned());
+  EXPECT_EQ(reopened->map_of(*proxy_key2), maps::BypassMap::kProxy);
 }
 
 // Issue #16 item 2, the question net::SpliceRelay depends on: does splice(2) from a bypassed proxy
