@@ -5,7 +5,7 @@ On the cluster bench's pods (bench/cluster.py), across nodes: the two node proxi
 the two relays of (t) (mutual TLS 1.3, no HTTP/2), for the same work, one after the other:
   - 1 stream of --mib MiB: syscalls per MiB and task-clock ms per GiB of the two processes
     (perf stat -e raw_syscalls:sys_enter,task-clock -p <pids>), and their user and system CPU
-    time per GiB (/proc/<pid>/stat);
+    time per GiB (/proc/<pid>/stat), in all and by side (client's node, server's node);
   - --rtts round trips of 1 KiB: syscalls per round trip, and the calls that make them; then
     again, the user and system CPU time of the two processes per round trip (/proc/<pid>/stat);
   - the same stream under perf record: the samples of the two processes by where they were
@@ -55,6 +55,15 @@ def cpu_split(pid_list, work):
     work()
     u1, s1 = cpu_ticks(pid_list)
     return (u1 - u0) / hz, (s1 - s0) / hz
+
+
+def sides(combo):
+    """[client-side pid, server-side pid] of the path's two proxies or relays."""
+    if combo.path == "bypass":
+        return [str(node.proxy.pid) for node in combo.cluster.nodes[:2]]
+    p1, p2 = cb.FLOOR_PORTS["tlsfloor"]
+    return pids("sockmesh-loadgen relay --listen 127.0.0.1:%d " % p1) + pids(
+        "sockmesh-loadgen relay --listen %s:%d " % (combo.server.ip, p2))
 
 
 def perf_stat(pid_list, events, work):
@@ -131,11 +140,17 @@ def main(argv):
             rtts = lambda: bench.pingpong(combo, o.rtts, 100)  # noqa: E731
             stream_split = []
 
+            side_pids = sides(combo)
+
             def measured_stream():
                 c0 = cb.cgroup_cpu_seconds(combo.cluster.cgroup)  # noqa: B023
+                t0 = [cpu_ticks([pid]) for pid in side_pids]  # noqa: B023
                 user, system = cpu_split(procs, stream)  # noqa: B023
                 whole = cb.cgroup_cpu_seconds(combo.cluster.cgroup) - c0  # noqa: B023
-                stream_split.append((user, system, whole))
+                hz = os.sysconf("SC_CLK_TCK")
+                per_side = [tuple((b - a) / hz for a, b in zip(t, cpu_ticks([pid])))
+                            for t, pid in zip(t0, side_pids)]  # noqa: B023
+                stream_split.append((user, system, whole, per_side))
 
             s = perf_stat(procs, ["raw_syscalls:sys_enter", "task-clock"], measured_stream)
             r = perf_stat(procs, ["syscalls:sys_enter_" + c for c in SYSCALLS], rtts)
@@ -148,7 +163,7 @@ def main(argv):
     print("\n| | syscalls / MiB | task-clock ms / GiB | CPU ms / GiB: user | system | "
           "apps and the rest | syscalls / round trip | CPU µs / round trip: user | system |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for path, s, r, _, (user, system), (s_user, s_system, s_whole) in rows:
+    for path, s, r, _, (user, system), (s_user, s_system, s_whole, _) in rows:
         per_rt = sum(r.values()) / o.rtts
         per_gib = 1e3 * 1024 / o.mib
         print("| %s | %.1f | %.0f | %.0f | %.0f | %.0f | %.1f | %.1f | %.1f |" % (
@@ -160,6 +175,14 @@ def main(argv):
           "make deliver the packets to the next socket). \"apps and the rest\": the path's "
           "cgroup v2 tree (as in the cluster bench's CPU s/GB) less those two: the client and "
           "server apps and the softirq work charged to them.")
+    print("\nThe stream's CPU by side, ms per GiB (client side: node-a's proxy, or the relay in "
+          "the client pod; server side: node-b's proxy, or the relay in the server pod):\n")
+    print("| | client side: user | system | server side: user | system |")
+    print("|---|---:|---:|---:|---:|")
+    for path, _, _, _, _, (_, _, _, per_side) in rows:
+        per_gib = 1e3 * 1024 / o.mib
+        print("| %s | %s |" % (names[path], " | ".join(
+            "%.0f | %.0f" % (u * per_gib, k * per_gib) for u, k in per_side)))
     print("\nCalls per round trip:")
     for path, _, r, _, _, _ in rows:
         print("- %s: %s" % (names[path], ", ".join(
