@@ -2,8 +2,9 @@
 /* sockops + sk_msg on a cgroup v2: the local hop between an app and the proxy skips the TCP/IP
  * stack in one direction. Both ends of such a connection go into a SOCKHASH under their own (netns,
  * 4-tuple): the app's into sm_bypass, where sk_msg is attached, the proxy's (SM_MARK_PROXY with
- * SM_MARK_PROXY_MAP) into sm_bypass_proxy, where nothing is; sk_msg then moves each sendmsg of the app straight into the
- * proxy socket's receive queue (BPF_F_INGRESS), and the proxy's sends never run it.
+ * SM_MARK_PROXY_MAP) into sm_bypass_proxy, where nothing is; sk_msg then moves each sendmsg of
+ * the app straight into the proxy socket's receive queue (BPF_F_INGRESS), and the proxy's sends
+ * never run it.
  *
  * The pairing rule: two sockets are paired only when they are provably the two ends of one
  * connection in one network namespace. The active end proves it by being established in the

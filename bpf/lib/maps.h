@@ -67,11 +67,11 @@ struct {
   __uint(pinning, LIBBPF_PIN_BY_NAME);
 } sm_bypass_proxy SEC(".maps");
 
-/* Sockets that sent through the stack once (their peer was not yet in the bypass maps), or whose proxy
- * end stopped reading (the proxy writes those): they keep sending through the stack, because bytes
- * redirected later would overtake the ones still queued in the peer's normal receive queue (the
- * sockmap queue is read first). Entries go when their socket closes (sockops STATE_CB); LRU bounds
- * the rest. */
+/* Sockets that sent through the stack once (their peer was not yet in the bypass maps), or whose
+ * proxy end stopped reading (the proxy writes those): they keep sending through the stack, because
+ * bytes redirected later would overtake the ones still queued in the peer's normal receive queue
+ * (the sockmap queue is read first). Entries go when their socket closes (sockops STATE_CB); LRU
+ * bounds the rest. */
 struct {
   __uint(type, BPF_MAP_TYPE_LRU_HASH);
   __uint(max_entries, SM_MAX_STACK_FLOWS);

@@ -95,23 +95,16 @@ Result<BypassFlows> BypassFlows::open(const std::string& pin_root) {
 
 bool BypassFlows::still_pinned() const {
   if (!bypass_.still_pinned() || !stack_flows_.still_pinned()) return false;
-  return proxy_ ? proxy_->still_pinned() : !proxy_map_pinned(pin_root_);
+  return proxy_ ? proxy_->still_pinned() : !proxy_map_arrived();
 }
+
+bool BypassFlows::proxy_map_arrived() const { return !proxy_ && proxy_map_pinned(pin_root_); }
 
 BypassMap BypassFlows::map_of(const FlowKey& socket) const {
   sm_flow_key key = socket.to_kernel();
   uint64_t cookie = 0;
-  // A newer loader may have pinned sm_bypass_proxy since open(): its sockops already puts this
-  // proxy's sockets there, so look in it for each question until the owner opens the maps again
-  // (still_pinned() says so), or a connection made meanwhile would seem not bypassed.
-  std::optional<PinnedMap> appeared;
-  if (!proxy_ && proxy_map_pinned(pin_root_)) {
-    auto opened = PinnedMap::open(pin_root_, SM_MAP_BYPASS_PROXY, Access::kReadOnly, kBypassShape);
-    if (opened) appeared = std::move(opened).value();
-  }
-  const PinnedMap* proxy = proxy_ ? &*proxy_ : appeared ? &*appeared : nullptr;
-  const std::pair<const PinnedMap*, BypassMap> maps[] = {{proxy, BypassMap::kProxy},
-                                                         {&bypass_, BypassMap::kApps}};
+  const std::pair<const PinnedMap*, BypassMap> maps[] = {
+      {proxy_ ? &*proxy_ : nullptr, BypassMap::kProxy}, {&bypass_, BypassMap::kApps}};
   for (auto [map, which] : maps) {
     if (map == nullptr) continue;
     int err = map->lookup(&key, &cookie);

@@ -1,8 +1,8 @@
 #pragma once
 // The sockmap bypass as the proxy sees it: which of its sockets towards an app are in
 // sm_bypass_proxy (the app's sends into them skip the TCP stack; the app's end is in sm_bypass,
-// where sk_msg runs), and sm_stack_flows, where the proxy sends an
-// app's flow back to the stack when it stops reading it.
+// where sk_msg runs), and sm_stack_flows, where the proxy sends an app's flow back to the stack
+// when it stops reading it.
 //
 // Why pinning exists: bytes redirected by sk_msg land in the proxy socket's ingress queue, which
 // has no limit and no window, so an app facing a proxy that stopped reading (its other side is
@@ -56,8 +56,7 @@ class BypassFlows {
   // (looked up) and <pin_root>/sm_stack_flows (written). Fails when sockmesh is not installed
   // there, or was built with another layout of the maps. A pin root installed by a loader older
   // than sm_bypass_proxy has every socket in sm_bypass: then only that one is looked in, until
-  // the map appears (from then on map_of() looks in it too, and still_pinned() turns false, so
-  // that the owner opens the maps again).
+  // the map appears (proxy_map_arrived(); still_pinned() turns false too).
   static Result<BypassFlows> open(const std::string& pin_root = SM_PIN_ROOT_DEFAULT);
 
   // Which map holds the socket with this key now. An unexpected kernel error is logged once and
@@ -80,6 +79,10 @@ class BypassFlows {
 
   // False once the loader removed or recreated the maps under the pin root.
   bool still_pinned() const;
+  // Opened without sm_bypass_proxy, which a newer loader has pinned since: its sockops already
+  // puts this proxy's sockets there, so the owner must open the maps again before its next
+  // question (one access(2) per call, only while the pin root is an older loader's).
+  bool proxy_map_arrived() const;
   const std::string& path() const { return stack_flows_.path(); }
 
  private:

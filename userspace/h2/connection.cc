@@ -664,8 +664,7 @@ void H2Connection::schedule_write() {
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        wait_socket(boost::asio::socket_base::wait_write, &H2Connection::writing_, "write failed",
-                    &H2Connection::schedule_write);
+        wait_writable();
         return;
       }
       close_transport(std::string("write failed: ") + std::strerror(errno));
@@ -688,19 +687,18 @@ void H2Connection::schedule_write() {
   }
 }
 
-void H2Connection::wait_socket(boost::asio::socket_base::wait_type what,
-                               bool H2Connection::*busy, const char* failure,
-                               void (H2Connection::*resume)()) {
-  this->*busy = true;
+void H2Connection::wait_writable() {
+  writing_ = true;
   stream_->next_layer().async_wait(
-      what, [self = shared_from_this(), busy, failure, resume](const boost::system::error_code& ec) {
-        self.get()->*busy = false;
+      boost::asio::socket_base::wait_write,
+      [self = shared_from_this()](const boost::system::error_code& ec) {
+        self->writing_ = false;
         if (self->closed_) return;
         if (ec) {
-          self->close_transport(std::string(failure) + ": " + ec.message());
+          self->close_transport("write failed: " + ec.message());
           return;
         }
-        (self.get()->*resume)();
+        self->schedule_write();
       });
 }
 

@@ -242,10 +242,9 @@ class H2Connection : public std::enable_shared_from_this<H2Connection> {
   void receive_socket();
   // Tells every stream that received DATA in this read that the read is over (on_batch_end).
   void end_read_batch();
-  // Waits until the socket is readable or writable, with `busy` set meanwhile, then calls
-  // `resume`; a failed wait closes the connection with "<failure>: <reason>".
-  void wait_socket(boost::asio::socket_base::wait_type what, bool H2Connection::*busy,
-                   const char* failure, void (H2Connection::*resume)());
+  // Waits until the socket takes more, with writing_ set meanwhile, then schedule_write(); a
+  // failed wait closes the connection ("write failed: <reason>"). Reads wait in receive_socket.
+  void wait_writable();
   void maybe_close();
   void arm_keepalive();
   void close_transport(const std::string& reason);

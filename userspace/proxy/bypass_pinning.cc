@@ -40,7 +40,12 @@ bool BypassPinning::available() { return flows() != nullptr; }
 std::shared_ptr<const maps::BypassFlows> BypassPinning::flows() {
   using Clock = std::chrono::steady_clock;
   std::lock_guard lock(mu_);
-  if (flows_ && Clock::now() >= next_pin_check_) {
+  if (flows_ && flows_->proxy_map_arrived()) {
+    SM_INFO("proxy") << "bypass: the loader under " << pin_root_
+                     << " now has sm_bypass_proxy; opening the maps again";
+    flows_.reset();
+    next_try_ = {};
+  } else if (flows_ && Clock::now() >= next_pin_check_) {
     next_pin_check_ = Clock::now() + retry_;
     if (!flows_->still_pinned()) {
       // Reinstalled or upgraded: connections made from now on are in the new maps.
