@@ -46,6 +46,7 @@ BACKPRESSURE_LIMIT = 16 * MiB
 # buffer that drains once the server reads.
 UPLOAD_STREAMS, UPLOAD_BYTES, UPLOAD_HOLD, UPLOAD_RCVTIMEO = 8, 24 * MiB, 1.0, 20
 UPLOAD_RECV_AFTER = 0.3
+RECONNECT_PORTS = range(41000, 41000 + len(PATHS))
 
 
 def last_json(text):
@@ -79,6 +80,13 @@ class TcpSemantics(unittest.TestCase):
                 for port in PORTS.values():
                     wait_until("%s listening on %d" % (pod, port),
                                lambda: ":%d " % port in pod.sh(["ss", "-Hltn"]), 10)
+            # The reconnect test binds RECONNECT_PORTS on purpose. An app that does so reserves
+            # them; otherwise any earlier connection of the pod's netns (its own, or one the
+            # proxy dials from it in in-pod mode) may hold one in TIME_WAIT, and bind() fails
+            # with EADDRINUSE, mesh or not (a CI run met that once).
+            for pod in cls.pods.values():
+                pod.sh(["sysctl", "-qw", "net.ipv4.ip_local_reserved_ports=%d-%d" % (
+                    RECONNECT_PORTS[0], RECONNECT_PORTS[-1])], in_cgroup=False)
         except Exception:
             cls.cluster.close()
             raise
@@ -159,7 +167,12 @@ class TcpSemantics(unittest.TestCase):
     def test_a_reconnect_from_the_port_just_used_connects_at_once(self):
         for i, (path, src, dst) in enumerate(PATHS):
             with self.subTest(path=path):
-                bind = "%s:%d" % (self.pods[src].ip, 41000 + i)
+                port = RECONNECT_PORTS[i]
+                bind = "%s:%d" % (self.pods[src].ip, port)
+                held = self.pods[src].sh(["ss", "-Htanoe", "sport", "=", ":%d" % port],
+                                         in_cgroup=False).strip()
+                self.assertEqual(held, "", "%s: %s is reserved in the pod's netns, yet held:\n%s"
+                                 % (path, bind, held))
                 r = self.run_in(self.pods[src], "--target", self.target(dst, "close-first"),
                                 "--mode", "reconnect", "--bind", bind, "--rounds", 4,
                                 "--timeout", 5)
