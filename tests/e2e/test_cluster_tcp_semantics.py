@@ -46,7 +46,15 @@ BACKPRESSURE_LIMIT = 16 * MiB
 # buffer that drains once the server reads.
 UPLOAD_STREAMS, UPLOAD_BYTES, UPLOAD_HOLD, UPLOAD_RCVTIMEO = 8, 24 * MiB, 1.0, 20
 UPLOAD_RECV_AFTER = 0.3
+# Client ports the tests bind on purpose (the reconnects, the inbound-plaintext dial's p, the
+# shared four-tuple): reserved in every pod's netns, as an app that binds client ports would.
 RECONNECT_PORTS = range(41000, 41000 + len(PATHS))
+TUPLE_PORT = 43210
+PLAINTEXT_DIAL_PORTS = range(47000, 47020)
+# (Not the dial ports in echo-a: that test needs its kernel to offer them.)
+RESERVED_PORTS = "%d-%d,%d" % (RECONNECT_PORTS[0], RECONNECT_PORTS[-1], TUPLE_PORT)
+PLAINTEXT_CLIENT_RESERVED = "%s,%d-%d" % (RESERVED_PORTS, PLAINTEXT_DIAL_PORTS[0],
+                                          PLAINTEXT_DIAL_PORTS[-1])
 
 
 def last_json(text):
@@ -80,13 +88,13 @@ class TcpSemantics(unittest.TestCase):
                 for port in PORTS.values():
                     wait_until("%s listening on %d" % (pod, port),
                                lambda: ":%d " % port in pod.sh(["ss", "-Hltn"]), 10)
-            # The reconnect test binds RECONNECT_PORTS on purpose. An app that does so reserves
-            # them; otherwise any earlier connection of the pod's netns (its own, or one the
-            # proxy dials from it in in-pod mode) may hold one in TIME_WAIT, and bind() fails
-            # with EADDRINUSE, mesh or not (a CI run met that once).
-            for pod in cls.pods.values():
-                pod.sh(["sysctl", "-qw", "net.ipv4.ip_local_reserved_ports=%d-%d" % (
-                    RECONNECT_PORTS[0], RECONNECT_PORTS[-1])], in_cgroup=False)
+            # Unreserved, any earlier connection of a pod's netns (its own, or one the proxy
+            # dials from it in in-pod mode) may hold one of these ports in TIME_WAIT, and bind()
+            # fails with EADDRINUSE, mesh or not (a CI run met that once, on 41002).
+            for name, pod in cls.pods.items():
+                ports = PLAINTEXT_CLIENT_RESERVED if name == "legacy-b" else RESERVED_PORTS
+                pod.sh(["sysctl", "-qw", "net.ipv4.ip_local_reserved_ports=" + ports],
+                       in_cgroup=False)
         except Exception:
             cls.cluster.close()
             raise
@@ -193,7 +201,7 @@ class TcpSemantics(unittest.TestCase):
         rounds = []
         try:
             for i in range(10):
-                p = 47000 + 2 * i
+                p = PLAINTEXT_DIAL_PORTS[2 * i]
                 dst.sh(["sysctl", "-qw", "net.ipv4.ip_local_port_range=%d %d" % (p, p + 1)])
                 r = self.run_in(src, "--target", self.target("echo-a", "close-first"),
                                 "--mode", "reconnect", "--bind", "%s:%d" % (src.ip, p),
@@ -313,13 +321,13 @@ class TcpSemantics(unittest.TestCase):
             netns=echo_a.netns_path, log_path=os.path.join(self.cluster.work, "outside.log"))
         try:
             wait_until("the outside listener", lambda: ":9200 " in echo_a.sh(["ss", "-Hltn"]), 10)
-            tuple_src = "%s:%d" % (client.ip, 43210)
+            tuple_src = "%s:%d" % (client.ip, TUPLE_PORT)
             target = "%s:9200" % echo_a.ip
             b = echo_a.spawn("tuple-b", [cluster.PYTHON, TCPCHECK, "client", "--target", target,
                                          "--mode", "echo", "--bind", tuple_src, "--transparent",
                                          "--bytes", str(4 * MiB), "--seed", "11", "--pace",
                                          "0.02", "--timeout", "20"])
-            wait_until("B connected", lambda: "43210" in echo_a.sh(["ss", "-Htn"]), 10)
+            wait_until("B connected", lambda: str(TUPLE_PORT) in echo_a.sh(["ss", "-Htn"]), 10)
             a = self.run_in(client, "--target", target, "--mode", "echo", "--bind", tuple_src,
                             "--bytes", 4 * MiB, "--seed", 12, "--pace", 0.01, "--timeout", 20,
                             in_cgroup=False)
