@@ -103,6 +103,7 @@ FIRST_BYTE_SIZE = 64
 FIRST_BYTE_ROWS = [
     ("nomesh", "(1) no mesh"),
     ("bypass", "(2) sockmesh, a pooled HBONE connection"),
+    ("basebypass", "(2b) as (2), the baseline build (--baseline-rev/--baseline-build)"),
     ("coldpool", "(2e) sockmesh, the HBONE pool empty (TCP + mTLS handshake + CONNECT)"),
     ("tlsfloor", "(t) TLS floor relays (TCP + mTLS 1.3 handshake between the relays)"),
 ]
