@@ -279,14 +279,11 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
         }
         auto responded = std::make_shared<bool>(false);
         auto stream_holder = std::make_shared<std::shared_ptr<h2::H2Stream>>();
-        // The relay that already sends the client's bytes (TunnelRelay::send_early), if any.
-        auto early = std::make_shared<std::weak_ptr<TunnelRelay>>();
         h2::H2Stream::Handlers h;
         h.on_response = [record, client_ptr, ready, stream_holder, responded, authority,
-                         read_paused, early](int status, const h2::HeaderList& resp) {
+                         read_paused](int status, const h2::HeaderList& resp) {
           *responded = true;
           auto stream = *stream_holder;
-          auto early_relay = early->lock();
           if (status != 200) {
             std::string reason;
             for (const auto& hd : resp) {
@@ -299,17 +296,13 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
                                             : ResponseFlags::kConnectionFailure,
                               status == 403, status == 503 || status == 504 || status == 404};
             SM_INFO("outbound") << o.error;
-            if (early_relay) early_relay->stop_early();
             stream->reset(NGHTTP2_NO_ERROR);  // nothing more to send on a refused tunnel
             fail_client(record, client_ptr, ready, o);
             return;
           }
-          auto relay = early_relay;
-          if (!relay) {
-            relay = std::make_shared<TunnelRelay>(client_ptr, stream);
-            relay->attach();  // nothing the server sends is lost while SOCKS5 answers its client
-            relay->on_read_paused(read_paused);
-          }
+          auto relay = std::make_shared<TunnelRelay>(client_ptr, stream);
+          relay->attach();  // nothing the server sends is lost while SOCKS5 answers its client
+          relay->on_read_paused(read_paused);
           auto start = [record, relay] {
             record->set_relay("tunnel");
             relay->start(finish_when_done<TunnelRelay::Result>(record),
@@ -321,17 +314,14 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
             start();
           }
         };
-        h.on_close = [record, client_ptr, ready, responded, early](uint32_t code) {
+        h.on_close = [record, client_ptr, ready, responded](uint32_t code) {
           if (*responded) return;  // the relay owns the stream by now
-          std::string why = std::string("tunnel closed before a response: ") +
-                            h2::error_code_name(code);
-          auto early_relay = early->lock();
-          if (early_relay && !early_relay->error().empty()) why = early_relay->error();
-          OutboundOutcome o{false, why, ResponseFlags::kConnectionFailure, false, true};
+          OutboundOutcome o{false,
+                            std::string("tunnel closed before a response: ") +
+                                h2::error_code_name(code),
+                            ResponseFlags::kConnectionFailure, false, true};
           fail_client(record, client_ptr, ready, o);
         };
-        auto on_response = h.on_response;
-        auto on_close = h.on_close;
         auto stream = conn->open_connect(authority, headers, std::move(h));
         if (!stream) {
           OutboundOutcome o{false, "HBONE connection refused a new stream",
@@ -340,14 +330,6 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
           return;
         }
         *stream_holder = stream;
-        if (!ready) {
-          // The client's first bytes go out behind the CONNECT, not a round trip later (a front
-          // end such as SOCKS5 has its own reply to give first, so it waits for the response).
-          auto relay = std::make_shared<TunnelRelay>(client_ptr, stream);
-          relay->on_read_paused(read_paused);
-          *early = relay;
-          relay->send_early(std::move(on_response), std::move(on_close));
-        }
       });
 }
 

@@ -21,36 +21,14 @@ TunnelRelay::TunnelRelay(std::shared_ptr<Tcp::socket> socket, std::shared_ptr<h2
   net::limit_relay_buffers(socket_);
 }
 
-void TunnelRelay::send_early(std::function<void(int, const h2::HeaderList&)> on_response,
-                             std::function<void(uint32_t)> on_closed_early) {
-  if (attached_ || started_) return;
-  early_response_ = std::move(on_response);
-  early_closed_ = std::move(on_closed_early);
-  early_ = true;
-  attach();
-  boost::system::error_code ec;
-  socket_.non_blocking(true, ec);
-  read_socket();
-}
-
-void TunnelRelay::stop_early() {
-  if (started_ || finished_) return;
-  finished_ = true;  // a pending wait on the socket then ends without reading
-  early_ = false;
-}
-
 void TunnelRelay::start(Done done, Progress progress) {
-  if (finished_) return;
   done_ = std::move(done);
   progress_ = std::move(progress);
   attach();
   started_ = true;
-  early_ = false;
   boost::system::error_code ec;
   socket_.non_blocking(true, ec);  // reads and writes are tried first, then waited for
-  if (progress_ && result_.bytes_to_stream > 0) progress_(true, result_.bytes_to_stream);
   write_socket();
-  if (socket_eof_) maybe_finish();
   read_socket();
 }
 
@@ -64,22 +42,7 @@ void TunnelRelay::attach() {
   h.on_data = [self](const uint8_t* data, size_t len) { self->on_stream_data(data, len); };
   h.on_batch_end = [self] { self->write_socket(); };
   h.on_end = [self] { self->on_stream_end(); };
-  h.on_close = [self](uint32_t code) {
-    if (!self->started_ && self->early_closed_) {
-      // Closed before any response: the caller answers the client; this relay only stops.
-      auto closed = std::move(self->early_closed_);
-      self->early_closed_ = nullptr;
-      self->stop_early();
-      closed(code);
-      return;
-    }
-    self->on_stream_close(code);
-  };
-  if (early_response_) {
-    h.on_response = [self](int status, const h2::HeaderList& headers) {
-      if (self->early_response_) self->early_response_(status, headers);
-    };
-  }
+  h.on_close = [self](uint32_t code) { self->on_stream_close(code); };
   h.on_writable = [self] {
     if (self->paused_) {
       self->paused_ = false;
@@ -90,7 +53,7 @@ void TunnelRelay::attach() {
 }
 
 void TunnelRelay::read_socket() {
-  if ((!started_ && !early_) || finished_ || reading_ || socket_eof_ || paused_) return;
+  if (!started_ || finished_ || reading_ || socket_eof_ || paused_) return;
   // Read what is there now; wait for readability only when there is nothing, so that an idle
   // tunnel holds no buffer. A burst is bounded so that one busy tunnel cannot starve the others.
   for (int burst = 0; burst < 8; ++burst) {
@@ -101,7 +64,7 @@ void TunnelRelay::read_socket() {
     if (ec == boost::asio::error::eof) {
       socket_eof_ = true;
       stream_->finish();
-      if (started_) maybe_finish();
+      maybe_finish();
       return;
     }
     if (ec) {

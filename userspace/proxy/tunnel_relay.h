@@ -37,18 +37,6 @@ class TunnelRelay : public std::enable_shared_from_this<TunnelRelay> {
   // its high watermark, or falls more than net::kMaxUnreadBeforePause behind. For a socket whose peer's bytes do not wait for our reads (a sockmap
   // redirect into it), so that its owner can push back on that peer.
   void on_read_paused(std::function<void()> handler) { read_paused_ = std::move(handler); }
-  // The client's side of a CONNECT, before the response: reads the socket into the stream at
-  // once, so that a client that speaks first does not wait a round trip for the 200. RFC 9113
-  // 8.5 makes every DATA frame after the request's HEADERS tunnel data; the server holds it until
-  // its target answers and drops it if it refuses. The response and a close before start() go to
-  // `on_response` and `on_closed_early`; nothing is written to the socket before start(), which
-  // counts the bytes already sent. stop_early() ends the reading and leaves the socket to the
-  // caller (a refused tunnel: it resets the client).
-  void send_early(std::function<void(int status, const h2::HeaderList& headers)> on_response,
-                  std::function<void(uint32_t error_code)> on_closed_early);
-  void stop_early();
-  // Why the relay failed ("" while it has not): a close before the response may be its doing.
-  const std::string& error() const { return result_.error; }
   // Starts moving bytes (attaches first if needed).
   void start(Done done, Progress progress = nullptr);
   // Resets both sides now.
@@ -72,8 +60,6 @@ class TunnelRelay : public std::enable_shared_from_this<TunnelRelay> {
   Done done_;
   Progress progress_;
   std::function<void()> read_paused_;
-  std::function<void(int, const h2::HeaderList&)> early_response_;
-  std::function<void(uint32_t)> early_closed_;
   Result result_;
   // socket -> stream
   bool reading_ = false;
@@ -86,7 +72,6 @@ class TunnelRelay : public std::enable_shared_from_this<TunnelRelay> {
   bool socket_shut_ = false;
   bool stream_closed_ = false;
   bool attached_ = false;
-  bool early_ = false;  // send_early(): reading the socket before start()
   bool started_ = false;
   bool finished_ = false;
 };
