@@ -85,6 +85,36 @@ def rss_kib(pid):
     return proc_status(pid, "VmRSS")
 
 
+def cpu_ticks(pid_list):
+    """(user, system) clock ticks of the processes, all their threads (/proc/<pid>/stat)."""
+    user = system = 0
+    for pid in pid_list:
+        try:
+            with open("/proc/%s/stat" % pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        user += int(fields[11])    # utime (field 14)
+        system += int(fields[12])  # stime (field 15)
+    return user, system
+
+
+def voluntary_switches(pid):
+    """Voluntary context switches of all the threads of a process (each one a sleep and a
+    wakeup): what per-event work costs beyond its CPU on a small VM."""
+    total = 0
+    task_dir = "/proc/%d/task" % pid
+    for tid in os.listdir(task_dir):
+        try:
+            with open(os.path.join(task_dir, tid, "status")) as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        total += int(line.split()[1])
+        except OSError:
+            continue  # a thread that ended meanwhile
+    return total
+
+
 def yes(b):
     return "**yes**" if b else "**no**"
 

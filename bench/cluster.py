@@ -47,8 +47,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from benchlib import (BenchError, bench_arguments, load_cluster_lib, log, make_pki,  # noqa: E402
-                      rss_kib, run_bench, set_log_prefix)
+from benchlib import (BenchError, bench_arguments, cpu_ticks, load_cluster_lib, log,  # noqa: E402
+                      make_pki, rss_kib, run_bench, set_log_prefix, voluntary_switches)
 
 set_log_prefix("cluster")
 
@@ -437,13 +437,23 @@ class ClusterBench:
 
     def first_byte(self, combo, conns):
         """connect() -> first echoed byte on new connections; for (2e) and (2) also the delta of
-        sockmesh_pool_connections_opened_total (client node) over the samples."""
+        sockmesh_pool_connections_opened_total (client node) over the samples, and for (2) what
+        each node's proxy spent per connection (CPU, voluntary context switches)."""
         pause = FIRST_BYTE_COLD_PAUSE_MS if combo.path == "coldpool" else 0
         node = combo.client.node if combo.path in ("coldpool", "bypass") else None
         before = node and self.lib.metric_value(node.metrics(),
                                                 "sockmesh_pool_connections_opened_total")
+        proxies = ([combo.client.node.proxy.pid, combo.server.node.proxy.pid]
+                   if combo.path == "bypass" else [])
+        cost0 = [(cpu_ticks([p]), voluntary_switches(p)) for p in proxies]
         r = self.loadgen(combo, ["--mode", "connect", "--conns", str(conns), "--size",
                                  str(FIRST_BYTE_SIZE), "--pause-ms", str(pause)])
+        if proxies:
+            hz = os.sysconf("SC_CLK_TCK")
+            r["proxy_cost"] = [
+                {"cpu_us": (sum(cpu_ticks([p])) - sum(t0)) / hz * 1e6 / conns,
+                 "switches": (voluntary_switches(p) - v0) / conns}
+                for p, (t0, v0) in zip(proxies, cost0)]
         if node:
             r["pool_opened"] = int(self.lib.metric_value(
                 node.metrics(), "sockmesh_pool_connections_opened_total") - before)
@@ -663,8 +673,9 @@ class ClusterBench:
             return []
         med = statistics.median
         L = ["", "### First byte of a new connection, across nodes", "",
-             "| path | p50 µs | p99 µs | vs no mesh (p50) | HBONE connections opened / samples |",
-             "|---|---:|---:|---:|---:|"]
+             "| path | p50 µs | p99 µs | vs no mesh (p50) | HBONE connections opened / samples "
+             "| per connection: proxy CPU µs, context switches (client's node; server's) |",
+             "|---|---:|---:|---:|---:|---:|"]
         base = None
         for key, label in FIRST_BYTE_ROWS:
             rs = self.fbres.get(key)
@@ -676,9 +687,13 @@ class ClusterBench:
             self.fbsum[key] = {"p50": p50, "p99": p99}
             opened = ("%d / %d" % (sum(r["pool_opened"] for r in rs), sum(r["conns"] for r in rs))
                       if "pool_opened" in rs[0] else "—")
-            L.append("| %s | %.1f | %.1f | %s | %s |" % (label, p50, p99,
-                                                        "%.2f×" % (p50 / base) if base else "—",
-                                                        opened))
+            cost = "—"
+            if "proxy_cost" in rs[0]:
+                cost = "; ".join("%.0f, %.1f" % (med(r["proxy_cost"][i]["cpu_us"] for r in rs),
+                                                 med(r["proxy_cost"][i]["switches"] for r in rs))
+                                 for i in range(2))
+            L.append("| %s | %.1f | %.1f | %s | %s | %s |" % (
+                label, p50, p99, "%.2f×" % (p50 / base) if base else "—", opened, cost))
         L.append("")
         L.append("`sockmesh-loadgen client --mode connect --conns %d --size %d`, %d times "
                  "(medians of the runs' p50 and p99): the time from just before connect() to the "
@@ -691,7 +706,10 @@ class ClusterBench:
                  "column (sockmesh_pool_connections_opened_total on the client's node) shows "
                  "whether each sample opened an HBONE connection. (2) reuses the pooled one. "
                  "(t)'s relay 1 does a TCP connect and a TLS 1.3 handshake with relay 2 per new "
-                 "connection." % (
+                 "connection. The last column (row (2) only): the user + system CPU "
+                 "(/proc/<pid>/stat) and the voluntary context switches (all threads' "
+                 "/proc/<pid>/task/*/status) of each node's proxy over the samples, divided by "
+                 "the connections; medians of the runs." % (
                      self.o.first_byte_conns, FIRST_BYTE_SIZE, self.o.reps, FIRST_BYTE_SIZE,
                      FIRST_BYTE_POOL_IDLE_MS, FIRST_BYTE_COLD_PAUSE_MS))
         L.append("")

@@ -24,6 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import cluster as cb  # noqa: E402
+from benchlib import cpu_ticks  # noqa: E402
 
 SYSCALLS = ["sendto", "recvfrom", "sendmsg", "recvmsg", "read", "write", "epoll_wait",
             "epoll_ctl", "ioctl"]
@@ -32,20 +33,6 @@ SYSCALLS = ["sendto", "recvfrom", "sendmsg", "recvmsg", "read", "write", "epoll_
 def pids(pattern):
     return subprocess.run(["pgrep", "-f", pattern], capture_output=True,
                           text=True).stdout.split()
-
-
-def cpu_ticks(pid_list):
-    """(user, system) clock ticks of the processes, all their threads (/proc/<pid>/stat)."""
-    user = system = 0
-    for pid in pid_list:
-        try:
-            with open("/proc/%s/stat" % pid) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        user += int(fields[11])    # utime (field 14)
-        system += int(fields[12])  # stime (field 15)
-    return user, system
 
 
 def cpu_split(pid_list, work):

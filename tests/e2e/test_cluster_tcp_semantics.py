@@ -51,7 +51,8 @@ UPLOAD_RECV_AFTER = 0.3
 RECONNECT_PORTS = range(41000, 41000 + len(PATHS))
 TUPLE_PORT = 43210
 PLAINTEXT_DIAL_PORTS = range(47000, 47020)
-# (Not the dial ports in echo-a: that test needs its kernel to offer them.)
+PLAINTEXT_CLIENT, PLAINTEXT_APP = "legacy-b", "echo-a"  # that test's pods
+# (Not the dial ports in the app pod: that test needs its kernel to offer them.)
 RESERVED_PORTS = "%d-%d,%d" % (RECONNECT_PORTS[0], RECONNECT_PORTS[-1], TUPLE_PORT)
 PLAINTEXT_CLIENT_RESERVED = "%s,%d-%d" % (RESERVED_PORTS, PLAINTEXT_DIAL_PORTS[0],
                                           PLAINTEXT_DIAL_PORTS[-1])
@@ -92,7 +93,7 @@ class TcpSemantics(unittest.TestCase):
             # dials from it in in-pod mode) may hold one of these ports in TIME_WAIT, and bind()
             # fails with EADDRINUSE, mesh or not (a CI run met that once, on 41002).
             for name, pod in cls.pods.items():
-                ports = PLAINTEXT_CLIENT_RESERVED if name == "legacy-b" else RESERVED_PORTS
+                ports = PLAINTEXT_CLIENT_RESERVED if name == PLAINTEXT_CLIENT else RESERVED_PORTS
                 pod.sh(["sysctl", "-qw", "net.ipv4.ip_local_reserved_ports=" + ports],
                        in_cgroup=False)
         except Exception:
@@ -197,13 +198,13 @@ class TcpSemantics(unittest.TestCase):
         # socket, not the app's listener. The app pod's ephemeral range is cut to {p, p + 1}
         # with p even (the kernel's connect() tries even ports first), so a kernel-chosen p' is
         # p; the proxy must take p + 1. Each round must read the server's 100 bytes at once.
-        src, dst = self.pods["legacy-b"], self.pods["echo-a"]
+        src, dst = self.pods[PLAINTEXT_CLIENT], self.pods[PLAINTEXT_APP]
         rounds = []
         try:
             for i in range(10):
                 p = PLAINTEXT_DIAL_PORTS[2 * i]
                 dst.sh(["sysctl", "-qw", "net.ipv4.ip_local_port_range=%d %d" % (p, p + 1)])
-                r = self.run_in(src, "--target", self.target("echo-a", "close-first"),
+                r = self.run_in(src, "--target", self.target(PLAINTEXT_APP, "close-first"),
                                 "--mode", "reconnect", "--bind", "%s:%d" % (src.ip, p),
                                 "--rounds", 1, "--timeout", 3)
                 rounds.append(r)
