@@ -78,11 +78,13 @@ PATHS = [
     ("ptfloor", "(p) passthrough floor: 1 minimal relay in the client pod, no TLS"),
     ("floor", "(f) floor: 2 minimal relays in the pods, no TLS"),
     ("tlsfloor", "(t) TLS floor: the relays with mTLS 1.3 between them"),
-    # --baseline-rev / --baseline-build: (2) and (3) again, on the binaries of another build.
+    # --baseline-rev / --baseline-build: (2) and (3) again, on the binaries of another build, and
+    # (5) when it runs.
     ("basebypass", "(2b) as (2), baseline build"),
     ("basenobypass", "(3b) as (3), baseline build"),
+    ("basepassthrough", "(5b) as (5), baseline build"),
 ]
-BASELINE_PATHS = ("basebypass", "basenobypass")
+BASELINE_PATHS = ("basebypass", "basenobypass", "basepassthrough")
 # Reference rows, across nodes only: loadgen relays where the proxies sit on the mesh path (relay 1
 # in the client pod, relay 2 in the server pod on node-b), on the pods of (1).
 FLOOR_PATHS = ("floor", "tlsfloor")
@@ -109,7 +111,8 @@ FIRST_BYTE_ROWS = [
 ]
 # The passthrough rows and the cluster each runs on: (5) with the sockmap bypass (the app's socket
 # is bypassed, so the proxy copies), (5s) without it (the proxy splices both ways).
-PASSTHROUGH_HOSTS = {"passthrough": "bypass", "ptsplice": "nobypass"}
+PASSTHROUGH_HOSTS = {"passthrough": "bypass", "ptsplice": "nobypass",
+                     "basepassthrough": "basebypass"}
 TOPOLOGIES = [("cross", "across nodes"), ("same", "same node")]
 
 
@@ -786,7 +789,8 @@ class ClusterBench:
         paths = [p for p in PATHS if any(x.path == p[0] for x in self.combos)]
         colours = {"nomesh": "#8c8c8c", "bypass": "#2ca02c", "nofast": "#ff7f0e", "nobypass": "#1f77b4",
                    "iptables": "#d62728", "passthrough": "#9467bd", "ptsplice": "#c5b0d5", "ptfloor": "#e7e7e7", "floor": "#c7c7c7",
-                   "tlsfloor": "#17becf", "basebypass": "#98df8a", "basenobypass": "#aec7e8"}
+                   "tlsfloor": "#17becf", "basebypass": "#98df8a", "basenobypass": "#aec7e8",
+                   "basepassthrough": "#dbdb8d"}
         panels = [("tp1", "1 stream, Gbit/s (higher is better)"),
                   ("tp8", "%d streams, Gbit/s (higher is better)" % o.streams),
                   ("cpu_per_gb", "CPU s per GB moved (cgroup tree)"),
@@ -895,9 +899,9 @@ def parse_args(argv):
                     "run (default 20 quick, 100 full; 0: no first-byte rows)")
     ap.add_argument("--out", help="Markdown file (default bench/results/cluster-<time>.md)")
     ap.add_argument("--max-seconds", type=int, help="time budget of the whole run")
-    ap.add_argument("--baseline-rev", help="also run (2) and (3) on binaries built from this git "
-                    "revision (rows (2b), (3b)), e.g. the commit before a fix: it is built once "
-                    "in build-base/<rev>/")
+    ap.add_argument("--baseline-rev", help="also run (2), (3) and, when it runs, (5) on binaries "
+                    "built from this git revision (rows (2b), (3b), (5b)), e.g. the commit before "
+                    "a fix: it is built once in build-base/<rev>/")
     ap.add_argument("--baseline-build", help="as --baseline-rev, with the binaries of this build "
                     "directory")
     o = ap.parse_args(argv)
@@ -905,7 +909,8 @@ def parse_args(argv):
     if o.baseline_rev and o.baseline_build:
         ap.error("--baseline-rev or --baseline-build, not both")
     if o.baseline_rev or o.baseline_build:
-        o.paths += [p for p in BASELINE_PATHS if p not in o.paths]
+        o.paths += [p for p in BASELINE_PATHS if p not in o.paths and
+                    (p != "basepassthrough" or "passthrough" in o.paths)]
     elif any(p in BASELINE_PATHS for p in o.paths):
         ap.error("paths %s need --baseline-rev or --baseline-build" % ", ".join(BASELINE_PATHS))
     o.topologies = [t for t in o.topologies.split(",") if t]

@@ -16,6 +16,12 @@
 
 namespace sockmesh::net {
 
+// What one read takes at most, per direction; held only while bytes move or wait for the other side
+// (an idle relay holds none). 256 KiB, as the tunnel's reads and the bench's floor relay: against
+// 128 KiB it halves the system calls per MiB (and the unread-bytes checks of full reads), which
+// moved one passthrough stream from 8.5 to 10.5 Gbit/s across nodes (docs/ARCHITECTURE.md, #16).
+inline constexpr size_t kRelayBufferBytes = 256 * 1024;
+
 class TcpRelay : public std::enable_shared_from_this<TcpRelay> {
  public:
   using Tcp = boost::asio::ip::tcp;
@@ -31,7 +37,7 @@ class TcpRelay : public std::enable_shared_from_this<TcpRelay> {
   // Called when the relay stops reading one side because the other is not taking its bytes.
   using ReadPaused = std::function<void()>;
 
-  TcpRelay(Tcp::socket a, Tcp::socket b, size_t buffer_bytes = 128 * 1024);
+  TcpRelay(Tcp::socket a, Tcp::socket b, size_t buffer_bytes = kRelayBufferBytes);
   // Optional, before start(): run each time reading `a` (resp. `b`) pauses, or falls more than
   // kMaxUnreadBeforePause behind. For a sender whose bytes do not wait for our reads (a sockmap
   // redirect), so that its owner can push back.
