@@ -79,12 +79,15 @@ PATHS = [
     ("floor", "(f) floor: 2 minimal relays in the pods, no TLS"),
     ("tlsfloor", "(t) TLS floor: the relays with mTLS 1.3 between them"),
     # --baseline-rev / --baseline-build: (2) and (3) again, on the binaries of another build, and
-    # (5) when it runs.
+    # (5) and (5s) when they run.
     ("basebypass", "(2b) as (2), baseline build"),
     ("basenobypass", "(3b) as (3), baseline build"),
     ("basepassthrough", "(5b) as (5), baseline build"),
+    ("baseptsplice", "(5sb) as (5s), baseline build"),
 ]
-BASELINE_PATHS = ("basebypass", "basenobypass", "basepassthrough")
+BASELINE_PATHS = ("basebypass", "basenobypass", "basepassthrough", "baseptsplice")
+# A baseline passthrough row runs only beside the row it is the baseline of.
+BASELINE_PASSTHROUGH_OF = {"basepassthrough": "passthrough", "baseptsplice": "ptsplice"}
 # Reference rows, across nodes only: loadgen relays where the proxies sit on the mesh path (relay 1
 # in the client pod, relay 2 in the server pod on node-b), on the pods of (1).
 FLOOR_PATHS = ("floor", "tlsfloor")
@@ -112,7 +115,7 @@ FIRST_BYTE_ROWS = [
 # The passthrough rows and the cluster each runs on: (5) with the sockmap bypass (the app's socket
 # is bypassed, so the proxy copies), (5s) without it (the proxy splices both ways).
 PASSTHROUGH_HOSTS = {"passthrough": "bypass", "ptsplice": "nobypass",
-                     "basepassthrough": "basebypass"}
+                     "basepassthrough": "basebypass", "baseptsplice": "basenobypass"}
 TOPOLOGIES = [("cross", "across nodes"), ("same", "same node")]
 
 
@@ -790,7 +793,7 @@ class ClusterBench:
         colours = {"nomesh": "#8c8c8c", "bypass": "#2ca02c", "nofast": "#ff7f0e", "nobypass": "#1f77b4",
                    "iptables": "#d62728", "passthrough": "#9467bd", "ptsplice": "#c5b0d5", "ptfloor": "#e7e7e7", "floor": "#c7c7c7",
                    "tlsfloor": "#17becf", "basebypass": "#98df8a", "basenobypass": "#aec7e8",
-                   "basepassthrough": "#dbdb8d"}
+                   "basepassthrough": "#dbdb8d", "baseptsplice": "#f7b6d2"}
         panels = [("tp1", "1 stream, Gbit/s (higher is better)"),
                   ("tp8", "%d streams, Gbit/s (higher is better)" % o.streams),
                   ("cpu_per_gb", "CPU s per GB moved (cgroup tree)"),
@@ -899,9 +902,9 @@ def parse_args(argv):
                     "run (default 20 quick, 100 full; 0: no first-byte rows)")
     ap.add_argument("--out", help="Markdown file (default bench/results/cluster-<time>.md)")
     ap.add_argument("--max-seconds", type=int, help="time budget of the whole run")
-    ap.add_argument("--baseline-rev", help="also run (2), (3) and, when it runs, (5) on binaries "
-                    "built from this git revision (rows (2b), (3b), (5b)), e.g. the commit before "
-                    "a fix: it is built once in build-base/<rev>/")
+    ap.add_argument("--baseline-rev", help="also run (2), (3) and, when they run, (5) and (5s) on "
+                    "binaries built from this git revision (rows (2b), (3b), (5b), (5sb)), e.g. the "
+                    "commit before a fix: it is built once in build-base/<rev>/")
     ap.add_argument("--baseline-build", help="as --baseline-rev, with the binaries of this build "
                     "directory")
     o = ap.parse_args(argv)
@@ -910,7 +913,7 @@ def parse_args(argv):
         ap.error("--baseline-rev or --baseline-build, not both")
     if o.baseline_rev or o.baseline_build:
         o.paths += [p for p in BASELINE_PATHS if p not in o.paths and
-                    (p != "basepassthrough" or "passthrough" in o.paths)]
+                    BASELINE_PASSTHROUGH_OF.get(p, p) in o.paths + [p]]
     elif any(p in BASELINE_PATHS for p in o.paths):
         ap.error("paths %s need --baseline-rev or --baseline-build" % ", ".join(BASELINE_PATHS))
     o.topologies = [t for t in o.topologies.split(",") if t]

@@ -25,8 +25,10 @@ class SpliceRelay : public std::enable_shared_from_this<SpliceRelay> {
   using Done = TcpRelay::Done;
   using Progress = TcpRelay::Progress;
 
-  // `pipe_bytes`: the capacity asked of each pipe (F_SETPIPE_SZ), the most one direction holds.
-  SpliceRelay(Tcp::socket a, Tcp::socket b, size_t pipe_bytes = 128 * 1024);
+  // `pipe_bytes`: the capacity asked of each pipe (F_SETPIPE_SZ), the most one direction holds;
+  // as much as a copying relay reads at once (against 128 KiB: one spliced passthrough stream
+  // 8.3 -> 9.1 Gbit/s across nodes, CPU per GB -14%; docs/ARCHITECTURE.md, #16).
+  SpliceRelay(Tcp::socket a, Tcp::socket b, size_t pipe_bytes = kRelayBufferBytes);
   ~SpliceRelay();
   void start(Done done, Progress progress = nullptr);
   // Resets both sides now (e.g. policy revoked the connection).
