@@ -9,7 +9,9 @@ the two relays of (t) (mutual TLS 1.3, no HTTP/2), for the same work, one after 
   - --rtts round trips of 1 KiB: syscalls per round trip, and the calls that make them; then
     again, the user and system CPU time of the two processes per round trip (/proc/<pid>/stat);
   - the same stream under perf record: the samples of the two processes by where they were
-    (kernel send path, kernel receive path, softirq, crypto, memcpy, the rest), per MiB.
+    (kernel send path, kernel receive path, softirq, crypto, memcpy, the rest), per MiB;
+  - the same stream under perf trace -s, each side apart: the time spent inside each system call
+    (which includes the softirq work a send or a receive does in line), per GiB.
 Prints a table; compare rows of one run only. Needs perf (Debian linux-perf, scripts/setup).
 """
 import argparse
@@ -107,6 +109,30 @@ def perf_places(pid_list, work):
     return places
 
 
+def perf_trace_times(pid, work):
+    """Runs work() under `perf trace -s` on one process; returns {syscall: (calls, msec)} summed
+    over its threads (msec: the time inside the call, waiting included for epoll_wait)."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "trace.txt")
+        p = subprocess.Popen(["perf", "trace", "-s", "-o", out, "-p", pid],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+        work()
+        p.send_signal(2)
+        p.wait()
+        try:
+            text = open(out).read()
+        except OSError:
+            return {}
+    times = collections.defaultdict(lambda: [0, 0.0])
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 4 and f[0] in SYSCALLS and f[1].isdigit():
+            times[f[0]][0] += int(f[1])
+            times[f[0]][1] += float(f[3])
+    return {k: tuple(v) for k, v in times.items()}
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -143,14 +169,15 @@ def main(argv):
             r = perf_stat(procs, ["syscalls:sys_enter_" + c for c in SYSCALLS], rtts)
             split = cpu_split(procs, rtts)
             places = perf_places(procs, stream)
-            rows.append((combo.path, s, r, places, split, stream_split[0]))
+            traced = [perf_trace_times(pid, stream) for pid in side_pids]
+            rows.append((combo.path, s, r, places, split, stream_split[0], traced))
     finally:
         bench.cleanup()
     names = {"bypass": "(2) sockmesh proxies", "tlsfloor": "(t) TLS floor relays"}
     print("\n| | syscalls / MiB | task-clock ms / GiB | CPU ms / GiB: user | system | "
           "apps and the rest | syscalls / round trip | CPU µs / round trip: user | system |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for path, s, r, _, (user, system), (s_user, s_system, s_whole, _) in rows:
+    for path, s, r, _, (user, system), (s_user, s_system, s_whole, _), _ in rows:
         per_rt = sum(r.values()) / o.rtts
         per_gib = 1e3 * 1024 / o.mib
         print("| %s | %.1f | %.0f | %.0f | %.0f | %.0f | %.1f | %.1f | %.1f |" % (
@@ -166,19 +193,31 @@ def main(argv):
           "the client pod; server side: node-b's proxy, or the relay in the server pod):\n")
     print("| | client side: user | system | server side: user | system |")
     print("|---|---:|---:|---:|---:|")
-    for path, _, _, _, _, (_, _, _, per_side) in rows:
+    for path, _, _, _, _, (_, _, _, per_side), _ in rows:
         per_gib = 1e3 * 1024 / o.mib
         print("| %s | %s |" % (names[path], " | ".join(
             "%.0f | %.0f" % (u * per_gib, k * per_gib) for u, k in per_side)))
     print("\nCalls per round trip:")
-    for path, _, r, _, _, _ in rows:
+    for path, _, r, _, _, _, _ in rows:
         print("- %s: %s" % (names[path], ", ".join(
             "%s %.2f" % (k.split("sys_enter_")[1], v / o.rtts) for k, v in sorted(r.items())
             if v > 0)))
     print("\nperf record samples per MiB of the stream (499 Hz), by place:")
-    for path, _, _, places, _, _ in rows:
+    for path, _, _, places, _, _, _ in rows:
         print("- %s: %s" % (names[path], ", ".join(
             "%s %.2f" % (k, v / o.mib) for k, v in places.most_common())))
+    print("\nTime inside system calls during the stream (perf trace -s), per GiB: calls, and ms "
+          "spent in them; a send or receive includes the softirq work it does in line "
+          "(epoll_wait, which includes waiting, is left out):\n")
+    print("| | side | " + " | ".join(c for c in SYSCALLS if c != "epoll_wait") + " | all |")
+    print("|---|---|" + "---:|" * (len(SYSCALLS)) + "")
+    for path, _, _, _, _, _, traced in rows:
+        for side, t in zip(("client", "server"), traced):
+            scale = 1024.0 / o.mib
+            cells = ["%d, %.0f" % (t[c][0] * scale, t[c][1] * scale) if c in t else "—"
+                     for c in SYSCALLS if c != "epoll_wait"]
+            whole = sum(v[1] for k, v in t.items() if k != "epoll_wait") * scale
+            print("| %s | %s | %s | %.0f ms |" % (names[path], side, " | ".join(cells), whole))
     return 0
 
 
