@@ -14,6 +14,9 @@ node-a ("same node"), for four paths, measured interleaved in one run:
                       proxy authorizes and dials the server pod itself: no HBONE to itself)
   (2f) fast path off  as (2), same node only, with --same-node-fast-path false: the HBONE hop
                       to the proxy's own 15008 that (2) skips
+  (2n) no source IP   as (2), across nodes only, with --preserve-source-ip false: the server's
+                      proxy dials the app from its own address, so the app's replies are not
+                      steered back to a transparent socket (what preserving the client's IP costs)
   (3) no bypass       the same, on a cluster installed without the bypass (Cluster(bypass=False))
   (4) iptables        the same proxy and ZDS hand-over, but the pods' tc capture is detached after
                       enrollment and the pod netns gets Istio's iptables rules instead: nat OUTPUT
@@ -22,8 +25,9 @@ node-a ("same node"), for four paths, measured interleaved in one run:
                       app's replies to the proxy's source-preserving (transparent) socket back
                       over lo. The proxy takes the original destination from SO_ORIGINAL_DST.
 
-Each of (2), (2f), (3), (4) runs on a cluster of its own (so each has its own two node proxies); (1)
-shares the cluster of (4), which has no BPF on its pods' datapath once tc is detached.
+Each of (2), (2f), (2n), (3), (4) runs on a cluster of its own (so each has its own two node
+proxies); (1) shares the cluster of (4), which has no BPF on its pods' datapath once tc is
+detached.
 
 Per path and topology: throughput with 1 stream and with 8 streams, 1 KiB request/response round
 trips (p50, p99), CPU seconds per GB moved during the throughput runs (usage_usec of the
@@ -71,6 +75,7 @@ PATHS = [
     ("nomesh", "(1) no mesh"),
     ("bypass", "(2) sockmesh: tc + sockmap bypass"),
     ("nofast", "(2f) as (2), --same-node-fast-path false"),
+    ("nosrcip", "(2n) as (2), --preserve-source-ip false"),
     ("nobypass", "(3) sockmesh: tc, no bypass"),
     ("iptables", "(4) sockmesh fed by iptables REDIRECT"),
     ("passthrough", "(5) passthrough: mesh client pod → pod not in the mesh"),
@@ -114,6 +119,9 @@ FIRST_BYTE_ROWS = [
 ]
 # The passthrough rows and the cluster each runs on: (5) with the sockmap bypass (the app's socket
 # is bypassed, so the proxy copies), (5s) without it (the proxy splices both ways).
+# Proxy flags of the clusters that differ from (2) by one flag.
+PROXY_FLAGS = {"nofast": ["--same-node-fast-path", "false"],
+               "nosrcip": ["--preserve-source-ip", "false"]}
 PASSTHROUGH_HOSTS = {"passthrough": "bypass", "ptsplice": "nobypass",
                      "basepassthrough": "basebypass", "baseptsplice": "basenobypass"}
 TOPOLOGIES = [("cross", "across nodes"), ("same", "same node")]
@@ -295,7 +303,8 @@ class ClusterBench:
 
     def setup(self):
         o = self.o
-        specs = [("bypass", True), ("nofast", True), ("nobypass", False), ("iptables", False),
+        specs = [("bypass", True), ("nofast", True), ("nosrcip", True), ("nobypass", False),
+                 ("iptables", False),
                  ("basebypass", True), ("basenobypass", False)]
         # (5) runs on (2)'s cluster, (5s) on (3)'s, (f) and (t) on the pods of (1) (the cluster
         # of (4)).
@@ -312,7 +321,7 @@ class ClusterBench:
                 continue
             self.check_budget()
             c = self.new_cluster(path, bypass, o.baseline_build if path in BASELINE_PATHS else None,
-                                 ["--same-node-fast-path", "false"] if path == "nofast" else ())
+                                 PROXY_FLAGS.get(path, ()))
             if path == "iptables":
                 c.label_namespace("plain", False)
             if path in hosts:
@@ -360,6 +369,7 @@ class ClusterBench:
                 for topo, server in (("cross", cross), ("same", same)):
                     # (2f) differs from (2) on the same node only.
                     if topo in o.topologies and (key != "nofast" or topo == "same") and \
+                            (key != "nosrcip" or topo == "cross") and \
                             key in o.paths:
                         self.combos.append(Combo(key, topo, c, client, server))
                 if key == "nomesh" and "ptfloor" in o.paths:
@@ -469,7 +479,7 @@ class ClusterBench:
         """Counters that show each path went the way its label says: the loader's counters for
         the tc paths, the REDIRECT rule's packets for the iptables path."""
         ev = {}
-        for path in ("bypass", "nofast", "nobypass", "iptables"):
+        for path in ("bypass", "nofast", "nosrcip", "nobypass", "iptables"):
             c = self.clusters.get(path)
             if c is None or path not in self.o.paths:
                 continue
@@ -546,7 +556,7 @@ class ClusterBench:
         self.measuring = False
         ev1 = self.evidence()
         rss = {}
-        for path in ("bypass", "nofast", "nobypass", "iptables"):
+        for path in ("bypass", "nofast", "nosrcip", "nobypass", "iptables"):
             c = self.clusters.get(path)
             if c is not None and path in o.paths:
                 rss[path] = {n.name: rss_kib(n.proxy.pid) for n in c.nodes}
@@ -760,6 +770,16 @@ class ClusterBench:
                          TARGET_CPU_VS_TLS_FLOOR, "met" if c <= TARGET_CPU_VS_TLS_FLOOR else
                          "NOT met", v["tp1"], t["tp1"], v["cpu_us_per_rt"], t["cpu_us_per_rt"],
                          v["cpu_us_per_rt"] - t["cpu_us_per_rt"]))
+        n = s.get("nosrcip/cross")
+        if v is not None and n is not None:
+            L.append("- (2n) → (2), what preserving the client's source IP costs across nodes: CPU "
+                     "s/GB %.2f → %.2f (%+.0f%%), 1 stream %.2f → %.2f Gbit/s, RTT p50 %.1f → "
+                     "%.1f µs.%s" % (
+                         n["cpu_per_gb"], v["cpu_per_gb"],
+                         100 * (v["cpu_per_gb"] / n["cpu_per_gb"] - 1), n["tp1"], v["tp1"],
+                         n["p50"], v["p50"],
+                         "" if t is None else " (2n) against (t): CPU s/GB %.2f×." % (
+                             n["cpu_per_gb"] / t["cpu_per_gb"])))
         f = s.get("floor/cross")
         if f is not None and t is not None:
             L.append("- (f) → (t), what mTLS 1.3 alone costs across nodes: RTT p50 %+.1f µs, CPU "
@@ -790,7 +810,8 @@ class ClusterBench:
         o = self.o
         topos = [t for t in TOPOLOGIES if any(x.topo == t[0] for x in self.combos)]
         paths = [p for p in PATHS if any(x.path == p[0] for x in self.combos)]
-        colours = {"nomesh": "#8c8c8c", "bypass": "#2ca02c", "nofast": "#ff7f0e", "nobypass": "#1f77b4",
+        colours = {"nomesh": "#8c8c8c", "bypass": "#2ca02c", "nofast": "#ff7f0e", "nosrcip": "#bcbd22",
+                   "nobypass": "#1f77b4",
                    "iptables": "#d62728", "passthrough": "#9467bd", "ptsplice": "#c5b0d5", "ptfloor": "#e7e7e7", "floor": "#c7c7c7",
                    "tlsfloor": "#17becf", "basebypass": "#98df8a", "basenobypass": "#aec7e8",
                    "basepassthrough": "#dbdb8d", "baseptsplice": "#f7b6d2"}
@@ -892,9 +913,10 @@ def parse_args(argv):
     ap = bench_arguments(__doc__, ROOT, "smaller transfers and fewer round trips (about 2 min)",
                          "repetitions (default 3)", "MiB for the 1-stream run (8 streams: twice)")
     ap.add_argument("--paths",
-                    default="nomesh,bypass,nofast,nobypass,iptables,passthrough,ptsplice,ptfloor,"
-                    "floor,tlsfloor",
-                    help="comma list of: nomesh, bypass, nofast (same node only), nobypass, "
+                    default="nomesh,bypass,nofast,nosrcip,nobypass,iptables,passthrough,ptsplice,"
+                    "ptfloor,floor,tlsfloor",
+                    help="comma list of: nomesh, bypass, nofast (same node only), nosrcip (across "
+                    "nodes only), nobypass, "
                     "iptables, passthrough, ptsplice, ptfloor, floor and tlsfloor (the last two "
                     "across nodes only)")
     ap.add_argument("--topologies", default="cross,same", help="comma list of: cross, same")
