@@ -117,11 +117,14 @@ FIRST_BYTE_ROWS = [
     ("coldpool", "(2e) sockmesh, the HBONE pool empty (TCP + mTLS handshake + CONNECT)"),
     ("tlsfloor", "(t) TLS floor relays (TCP + mTLS 1.3 handshake between the relays)"),
 ]
-# The passthrough rows and the cluster each runs on: (5) with the sockmap bypass (the app's socket
-# is bypassed, so the proxy copies), (5s) without it (the proxy splices both ways).
 # Proxy flags of the clusters that differ from (2) by one flag.
 PROXY_FLAGS = {"nofast": ["--same-node-fast-path", "false"],
                "nosrcip": ["--preserve-source-ip", "false"]}
+# The clusters the loader's tc programs serve: their counters and their proxies' RSS are reported.
+TC_CLUSTER_PATHS = ("bypass", "nofast", "nosrcip", "nobypass", "iptables")
+# The passthrough rows and the cluster each runs on: (5) with the sockmap bypass (the app's socket
+# is bypassed, so the proxy copies), (5s) without it (the proxy splices both ways), and their
+# baseline rows on the baseline's clusters.
 PASSTHROUGH_HOSTS = {"passthrough": "bypass", "ptsplice": "nobypass",
                      "basepassthrough": "basebypass", "baseptsplice": "basenobypass"}
 TOPOLOGIES = [("cross", "across nodes"), ("same", "same node")]
@@ -479,7 +482,7 @@ class ClusterBench:
         """Counters that show each path went the way its label says: the loader's counters for
         the tc paths, the REDIRECT rule's packets for the iptables path."""
         ev = {}
-        for path in ("bypass", "nofast", "nosrcip", "nobypass", "iptables"):
+        for path in TC_CLUSTER_PATHS:
             c = self.clusters.get(path)
             if c is None or path not in self.o.paths:
                 continue
@@ -556,7 +559,7 @@ class ClusterBench:
         self.measuring = False
         ev1 = self.evidence()
         rss = {}
-        for path in ("bypass", "nofast", "nosrcip", "nobypass", "iptables"):
+        for path in TC_CLUSTER_PATHS:
             c = self.clusters.get(path)
             if c is not None and path in o.paths:
                 rss[path] = {n.name: rss_kib(n.proxy.pid) for n in c.nodes}
@@ -935,7 +938,7 @@ def parse_args(argv):
         ap.error("--baseline-rev or --baseline-build, not both")
     if o.baseline_rev or o.baseline_build:
         o.paths += [p for p in BASELINE_PATHS if p not in o.paths and
-                    BASELINE_PASSTHROUGH_OF.get(p, p) in o.paths + [p]]
+                    (p not in BASELINE_PASSTHROUGH_OF or BASELINE_PASSTHROUGH_OF[p] in o.paths)]
     elif any(p in BASELINE_PATHS for p in o.paths):
         ap.error("paths %s need --baseline-rev or --baseline-build" % ", ".join(BASELINE_PATHS))
     o.topologies = [t for t in o.topologies.split(",") if t]

@@ -109,28 +109,38 @@ def perf_places(pid_list, work):
     return places
 
 
-def perf_trace_times(pid, work):
-    """Runs work() under `perf trace -s` on one process; returns {syscall: (calls, msec)} summed
-    over its threads (msec: the time inside the call, waiting included for epoll_wait)."""
+def perf_trace_times(pid_list, work):
+    """Runs work() once under one `perf trace -s` per process; returns, per process, {syscall:
+    (calls, msec)} summed over its threads (msec: the time inside the call, waiting included for
+    epoll_wait)."""
     with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "trace.txt")
-        p = subprocess.Popen(["perf", "trace", "-s", "-o", out, "-p", pid],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        outs = [os.path.join(d, "trace-%s.txt" % pid) for pid in pid_list]
+        tracers = [subprocess.Popen(["perf", "trace", "-s", "-o", out, "-p", pid],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                   for pid, out in zip(pid_list, outs)]
         time.sleep(0.5)
         work()
-        p.send_signal(2)
-        p.wait()
-        try:
-            text = open(out).read()
-        except OSError:
-            return {}
-    times = collections.defaultdict(lambda: [0, 0.0])
-    for line in text.splitlines():
-        f = line.split()
-        if len(f) >= 4 and f[0] in SYSCALLS and f[1].isdigit():
-            times[f[0]][0] += int(f[1])
-            times[f[0]][1] += float(f[3])
-    return {k: tuple(v) for k, v in times.items()}
+        for p in tracers:
+            p.send_signal(2)
+        for p in tracers:
+            p.wait()
+        texts = []
+        for out in outs:
+            try:
+                with open(out) as f:
+                    texts.append(f.read())
+            except OSError:
+                texts.append("")
+    result = []
+    for text in texts:
+        times = collections.defaultdict(lambda: [0, 0.0])
+        for line in text.splitlines():
+            f = line.split()
+            if len(f) >= 4 and f[0] in SYSCALLS and f[1].isdigit():
+                times[f[0]][0] += int(f[1])
+                times[f[0]][1] += float(f[3])
+        result.append({k: tuple(v) for k, v in times.items()})
+    return result
 
 
 def main(argv):
@@ -169,7 +179,7 @@ def main(argv):
             r = perf_stat(procs, ["syscalls:sys_enter_" + c for c in SYSCALLS], rtts)
             split = cpu_split(procs, rtts)
             places = perf_places(procs, stream)
-            traced = [perf_trace_times(pid, stream) for pid in side_pids]
+            traced = perf_trace_times(side_pids, stream)
             rows.append((combo.path, s, r, places, split, stream_split[0], traced))
     finally:
         bench.cleanup()
@@ -209,14 +219,15 @@ def main(argv):
     print("\nTime inside system calls during the stream (perf trace -s), per GiB: calls, and ms "
           "spent in them; a send or receive includes the softirq work it does in line "
           "(epoll_wait, which includes waiting, is left out):\n")
-    print("| | side | " + " | ".join(c for c in SYSCALLS if c != "epoll_wait") + " | all |")
-    print("|---|---|" + "---:|" * (len(SYSCALLS)) + "")
+    calls = [c for c in SYSCALLS if c != "epoll_wait"]
+    print("| | side | " + " | ".join(calls) + " | all |")
+    print("|---|---|" + "---:|" * (len(calls) + 1))
+    scale = 1024.0 / o.mib
     for path, _, _, _, _, _, traced in rows:
         for side, t in zip(("client", "server"), traced):
-            scale = 1024.0 / o.mib
             cells = ["%d, %.0f" % (t[c][0] * scale, t[c][1] * scale) if c in t else "—"
-                     for c in SYSCALLS if c != "epoll_wait"]
-            whole = sum(v[1] for k, v in t.items() if k != "epoll_wait") * scale
+                     for c in calls]
+            whole = sum(t[c][1] for c in calls if c in t) * scale
             print("| %s | %s | %s | %.0f ms |" % (names[path], side, " | ".join(cells), whole))
     return 0
 

@@ -13,14 +13,9 @@
 #include <vector>
 
 #include "base/bytes.h"
+#include "net/sockets.h"
 
 namespace sockmesh::net {
-
-// What one read takes at most, per direction; held only while bytes move or wait for the other side
-// (an idle relay holds none). 256 KiB, as the tunnel's reads and the bench's floor relay: against
-// 128 KiB it halves the system calls per MiB (and the unread-bytes checks of full reads), which
-// moved one passthrough stream from 8.5 to 10.5 Gbit/s across nodes (docs/ARCHITECTURE.md, #16).
-inline constexpr size_t kRelayBufferBytes = 256 * 1024;
 
 class TcpRelay : public std::enable_shared_from_this<TcpRelay> {
  public:

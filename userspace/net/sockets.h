@@ -60,6 +60,13 @@ size_t unread_bytes(Tcp::socket& socket);
 // (see TcpRelay::on_read_paused): redirected bytes are otherwise queued without limit.
 inline constexpr size_t kMaxUnreadBeforePause = size_t{1} << 20;
 
+// The most one read of a relay takes from an app-facing socket (TcpRelay, TunnelRelay), and the
+// pipe a SpliceRelay asks for; held only while bytes move or wait for the other side (an idle
+// relay holds none). 256 KiB, as the bench's floor relay: against 128 KiB it halves the system
+// calls per MiB (and the unread-bytes checks of full reads), which moved one passthrough stream
+// from 8.5 to 10.5 Gbit/s across nodes (docs/ARCHITECTURE.md, #16).
+inline constexpr size_t kRelayBufferBytes = 256 * 1024;
+
 // Caps both socket buffers of a socket the proxy relays (512 KiB each; the kernel doubles it).
 // Left to autotuning they grow to the kernel's maximum (tcp_rmem/tcp_wmem: 6 and 4 MiB here)
 // because the relay reads eagerly, and a stalled reader would then let its writer queue over

@@ -6,7 +6,6 @@
 
 namespace sockmesh::proxy {
 namespace {
-constexpr size_t kReadChunk = 256 * 1024;
 // A DATA frame at least this large is written straight from nghttp2's buffer when nothing is
 // queued: for it the copy into the queue would cost about what batching saves. (16 KiB is the
 // frame size most HTTP/2 peers send by default.)
@@ -57,7 +56,7 @@ void TunnelRelay::read_socket() {
   // Read what is there now; wait for readability only when there is nothing, so that an idle
   // tunnel holds no buffer. A burst is bounded so that one busy tunnel cannot starve the others.
   for (int burst = 0; burst < 8; ++burst) {
-    Bytes buf(kReadChunk);
+    Bytes buf(net::kRelayBufferBytes);
     boost::system::error_code ec;
     size_t n = socket_.read_some(boost::asio::buffer(buf), ec);
     if (ec == boost::asio::error::would_block) break;
@@ -84,7 +83,7 @@ void TunnelRelay::read_socket() {
       return;
     }
     // Not paused, but far behind a bypassed app (its sends are queued without limit): the same.
-    if (read_paused_ && n == kReadChunk &&
+    if (read_paused_ && n == net::kRelayBufferBytes &&
         net::unread_bytes(socket_) > net::kMaxUnreadBeforePause) {
       read_paused_();
     }

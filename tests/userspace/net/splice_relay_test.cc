@@ -53,7 +53,7 @@ std::pair<int, int> tcp_pair() {
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof sa;
   EXPECT_EQ(bind(l, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0) << std::strerror(errno);
-  EXPECT_EQ(listen(l, 1), 0);
+  EXPECT_EQ(::listen(l, 1), 0);
   getsockname(l, reinterpret_cast<sockaddr*>(&sa), &len);
   int c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   EXPECT_EQ(connect(c, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0) << std::strerror(errno);
