@@ -4,9 +4,9 @@
 //                    [--transparent yes] [--mark N] [--register PIN_ROOT,POD_IP]
 //                    (in the proxy's place: bench/capture.py --hop-only)
 //   sockmesh-loadgen relay --listen IP:PORT --to IP:PORT [--max-seconds S]
-//                    [--tls-listen CERT,KEY,CA | --tls-to CERT,KEY,CA]
+//                    [--tls-listen CERT,KEY,CA | --tls-to CERT,KEY,CA [--h2 yes]]
 //                    (the benchmark's floor: the least a user-space relay hop can do, with or
-//                    without mTLS on one side, see below)
+//                    without mTLS on one side, and HTTP/2 CONNECT inside it, see below)
 //   sockmesh-loadgen client --mode throughput|pingpong|hold|churn|connect --target IP:PORT
 //                    [--via tcp|socks5|http --proxy IP:PORT] [--bind IP]
 //                    [--bytes N --streams K] [--size B --iters M --warmup W]
@@ -33,6 +33,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <fcntl.h>
+#include <nghttp2/nghttp2.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <poll.h>
@@ -318,11 +319,20 @@ int run_server(const Addr& listen_addr, double max_seconds, double io_timeout,
 // as cheaply as OpenSSL allows: one recv() takes many records (read-ahead into a 256 KiB buffer),
 // SSL_read drains everything decrypted before the plaintext goes on in one send(), and the records
 // of one SSL_write are gathered in memory and sent with one send().
+//
+// With --h2 yes as well, the TLS side carries HBONE's framing: an HTTP/2 session (nghttp2) with
+// one CONNECT stream per relayed connection, the windows and frame size the proxy uses (stream 4
+// MiB, connection 16 MiB, frames up to 256 KiB). A pair of such relays is the floor with TLS and
+// HTTP/2 and nothing else: no pool, no policy, no metrics, no event framework. The bytes are
+// framed as cheaply as nghttp2 allows: DATA frames name the relay's read buffer (NO_COPY) and are
+// copied once, beside their frame headers, into the batch that one SSL_write encrypts; received
+// DATA goes on from the decrypted buffer with no copy.
 
 struct RelayTls {
   enum class Side { kNone, kListen, kTo };
   Side side = Side::kNone;
   std::string cert, key, ca;
+  bool h2 = false;
 };
 
 [[noreturn]] void tls_fail(const std::string& what) {
@@ -360,7 +370,18 @@ struct Hop {
                               // by a later connection is recognised as stale
   SSL* ssl = nullptr;         // owns its BIOs
   std::vector<uint8_t> out;   // records written by SSL_write, not yet sent
+  // --h2: the HTTP/2 session on this TLS hop and its one CONNECT stream.
+  nghttp2_session* h2 = nullptr;
+  int fd = -1;
+  int32_t stream = -1;        // the client's from its request, the server's once one arrives
+  bool stream_over = false;
+  double timeout = 0;
+  const uint8_t* unframed = nullptr;  // bytes from the partner not yet in a DATA frame
+  size_t unframed_len = 0;
+  std::vector<uint8_t> plain;  // frames of one write batch, before SSL_write
+  std::string failure;         // why a callback failed (exceptions do not cross nghttp2)
   ~Hop() {
+    if (h2 != nullptr) nghttp2_session_del(h2);
     if (ssl != nullptr) SSL_free(ssl);
   }
 };
@@ -448,8 +469,184 @@ void start_tls(SSL_CTX* ctx, int fd, Hop& hop, bool server, double timeout) {
   }
 }
 
+// --- the HTTP/2 layer of --h2 ---------------------------------------------------------------
+
+constexpr uint32_t kH2StreamWindow = 4 * 1024 * 1024;
+constexpr uint32_t kH2ConnectionWindow = 16 * 1024 * 1024;
+constexpr uint32_t kH2MaxFrame = 256 * 1024;
+constexpr size_t kH2Batch = 256 * 1024;
+
+// nghttp2 asks how much of the stream's data to put in the next DATA frame.
+ssize_t h2_read_data(nghttp2_session*, int32_t, uint8_t*, size_t length, uint32_t* flags,
+                     nghttp2_data_source*, void* user) {
+  auto* hop = static_cast<Hop*>(user);
+  if (hop->unframed_len == 0) return NGHTTP2_ERR_DEFERRED;  // resumed when the partner has more
+  *flags |= NGHTTP2_DATA_FLAG_NO_COPY;
+  return static_cast<ssize_t>(std::min(length, hop->unframed_len));
+}
+
+// ... and then has us write that frame: header and payload go into the batch.
+int h2_send_data(nghttp2_session*, nghttp2_frame* frame, const uint8_t* framehd, size_t length,
+                 nghttp2_data_source*, void* user) {
+  auto* hop = static_cast<Hop*>(user);
+  if (length > hop->unframed_len || frame->data.padlen != 0) return NGHTTP2_ERR_CALLBACK_FAILURE;
+  hop->plain.insert(hop->plain.end(), framehd, framehd + 9);
+  hop->plain.insert(hop->plain.end(), hop->unframed, hop->unframed + length);
+  hop->unframed += length;
+  hop->unframed_len -= length;
+  return hop->plain.size() >= kH2Batch ? NGHTTP2_ERR_PAUSE : 0;
+}
+
+int h2_on_data(nghttp2_session* session, uint8_t, int32_t stream_id, const uint8_t* data,
+               size_t len, void* user) {
+  auto* hop = static_cast<Hop*>(user);
+  if (stream_id != hop->stream) {
+    nghttp2_session_consume(session, stream_id, len);
+    return 0;
+  }
+  try {
+    write_all(hop->partner, data, len);
+  } catch (const Failure& e) {
+    hop->failure = e.what();
+    return NGHTTP2_ERR_CALLBACK_FAILURE;
+  }
+  return 0;
+}
+
+void h2_submit_stream(Hop& hop, int32_t id, bool server, const std::string& authority);
+
+int h2_on_frame(nghttp2_session*, const nghttp2_frame* frame, void* user) {
+  auto* hop = static_cast<Hop*>(user);
+  // The server's side: the first request opens the stream (the target is the relay's --to).
+  if (hop->stream < 0 && frame->hd.type == NGHTTP2_HEADERS &&
+      frame->headers.cat == NGHTTP2_HCAT_REQUEST) {
+    h2_submit_stream(*hop, frame->hd.stream_id, true, "");
+  }
+  return 0;
+}
+
+int h2_on_close(nghttp2_session*, int32_t stream_id, uint32_t, void* user) {
+  auto* hop = static_cast<Hop*>(user);
+  if (stream_id == hop->stream) hop->stream_over = true;
+  return 0;
+}
+
+// The client's request (CONNECT to the authority) or the server's 200 answer, with a data
+// source that is the partner's bytes as they come.
+void h2_submit_stream(Hop& hop, int32_t id, bool server, const std::string& authority) {
+  nghttp2_data_provider source{};
+  source.read_callback = h2_read_data;
+  auto nv = [](const char* name, const std::string& value) {
+    return nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(name)),
+                      reinterpret_cast<uint8_t*>(const_cast<char*>(value.data())),
+                      std::strlen(name), value.size(), NGHTTP2_NV_FLAG_NONE};
+  };
+  if (server) {
+    static const std::string ok = "200";
+    nghttp2_nv h[] = {nv(":status", ok)};
+    hop.stream = id;
+    if (nghttp2_submit_response(hop.h2, id, h, 1, &source) != 0) hop.failure = "submit_response";
+    return;
+  }
+  static const std::string connect = "CONNECT";
+  nghttp2_nv h[] = {nv(":method", connect), nv(":authority", authority)};
+  hop.stream = nghttp2_submit_request(hop.h2, nullptr, h, 2, &source, nullptr);
+  if (hop.stream < 0) hop.failure = "submit_request";
+}
+
+// Everything nghttp2 has to send, in batches of one SSL_write and one send() each.
+void h2_flush(Hop& hop) {
+  for (;;) {
+    hop.plain.clear();
+    while (hop.plain.size() < kH2Batch) {
+      const uint8_t* data = nullptr;
+      ssize_t n = nghttp2_session_mem_send(hop.h2, &data);
+      if (n < 0) throw Failure(std::string("nghttp2 send: ") + nghttp2_strerror(static_cast<int>(n)));
+      if (n == 0) break;
+      hop.plain.insert(hop.plain.end(), data, data + n);
+    }
+    if (!hop.failure.empty()) throw Failure(hop.failure);
+    if (hop.plain.empty()) return;
+    size_t written = 0;
+    if (SSL_write_ex(hop.ssl, hop.plain.data(), hop.plain.size(), &written) != 1 ||
+        written != hop.plain.size()) {
+      tls_fail("SSL_write");
+    }
+    flush_tls(hop.fd, hop, hop.timeout);
+  }
+}
+
+// Starts the HTTP/2 session on a TLS hop whose handshake is done.
+void h2_start(Hop& hop, int fd, bool server, const std::string& authority, double timeout) {
+  hop.fd = fd;
+  hop.timeout = timeout;
+  nghttp2_session_callbacks* cb = nullptr;
+  if (nghttp2_session_callbacks_new(&cb) != 0) throw Failure("nghttp2_session_callbacks_new");
+  nghttp2_session_callbacks_set_send_data_callback(cb, h2_send_data);
+  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, h2_on_data);
+  nghttp2_session_callbacks_set_on_frame_recv_callback(cb, h2_on_frame);
+  nghttp2_session_callbacks_set_on_stream_close_callback(cb, h2_on_close);
+  int rv = server ? nghttp2_session_server_new(&hop.h2, cb, &hop)
+                  : nghttp2_session_client_new(&hop.h2, cb, &hop);
+  nghttp2_session_callbacks_del(cb);
+  if (rv != 0) throw Failure("nghttp2 session: " + std::string(nghttp2_strerror(rv)));
+  std::vector<nghttp2_settings_entry> iv = {
+      {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, 100},
+      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, kH2StreamWindow},
+      {NGHTTP2_SETTINGS_MAX_FRAME_SIZE, kH2MaxFrame},
+  };
+  if (!server) iv.push_back({NGHTTP2_SETTINGS_ENABLE_PUSH, 0});
+  if (nghttp2_submit_settings(hop.h2, NGHTTP2_FLAG_NONE, iv.data(), iv.size()) != 0 ||
+      nghttp2_session_set_local_window_size(hop.h2, NGHTTP2_FLAG_NONE, 0,
+                                            kH2ConnectionWindow) != 0) {
+    throw Failure("nghttp2 settings");
+  }
+  if (!server) h2_submit_stream(hop, -1, false, authority);
+  h2_flush(hop);
+}
+
+// Decrypted bytes from the peer: frames for nghttp2, whose DATA goes on to the partner at once.
+// False when the stream or the session is over.
+bool h2_received(Hop& hop, const uint8_t* data, size_t len) {
+  ssize_t rv = nghttp2_session_mem_recv(hop.h2, data, len);
+  if (!hop.failure.empty()) throw Failure(hop.failure);
+  if (rv < 0) throw Failure(std::string("nghttp2 receive: ") + nghttp2_strerror(static_cast<int>(rv)));
+  h2_flush(hop);  // settings acks, window updates, the server's answer
+  return !hop.stream_over;
+}
+
+bool h2_read_tls(Hop& hop, uint8_t* buf, size_t cap);
+
+// The partner's bytes go out as DATA frames, all of them before we return (the read buffer is
+// reused): while the peer's window is shut, what it sends is read (its WINDOW_UPDATEs, and DATA
+// that goes on to the partner) until the window opens.
+void h2_send(Hop& hop, const uint8_t* data, size_t len) {
+  static std::vector<uint8_t> wait_buf(kChunk);
+  if (hop.stream < 0 || hop.stream_over) throw Failure("no open HTTP/2 stream for the bytes");
+  hop.unframed = data;
+  hop.unframed_len = len;
+  auto deadline = Clock::now() + std::chrono::duration<double>(hop.timeout);
+  for (;;) {
+    nghttp2_session_resume_data(hop.h2, hop.stream);  // not deferred: a harmless error
+    h2_flush(hop);
+    if (hop.unframed_len == 0) break;
+    if (hop.stream_over) throw Failure("HTTP/2 stream closed with bytes unsent");
+    if (Clock::now() > deadline) throw Failure("HTTP/2 window shut for the whole timeout");
+    pollfd pf{hop.fd, POLLIN, 0};
+    if (SSL_has_pending(hop.ssl) == 0) ::poll(&pf, 1, 100);
+    if (!h2_read_tls(hop, wait_buf.data(), wait_buf.size())) {
+      throw Failure("HTTP/2 connection closed while its window was shut");
+    }
+  }
+  hop.unframed = nullptr;
+}
+
 // Bytes read from one hop go to the other: over TLS (all records in one send) or plain.
 void relay_send(int fd, Hop& hop, const uint8_t* data, size_t len, double timeout) {
+  if (hop.h2 != nullptr) {
+    h2_send(hop, data, len);
+    return;
+  }
   if (hop.ssl == nullptr) {
     write_all(fd, data, len);
     return;
@@ -459,14 +656,10 @@ void relay_send(int fd, Hop& hop, const uint8_t* data, size_t len, double timeou
   flush_tls(fd, hop, timeout);
 }
 
-// Reads what fd has (all of it, for TLS) and passes it on. False when the connection is over.
-bool relay_readable(int fd, Hop& hop, Hop& to, uint8_t* buf, size_t cap, double timeout) {
-  if (hop.ssl == nullptr) {
-    ssize_t got = ::recv(fd, buf, cap, 0);
-    if (got <= 0) return false;
-    relay_send(hop.partner, to, buf, static_cast<size_t>(got), timeout);
-    return true;
-  }
+// Decrypts everything a TLS hop's socket has, a buffer at a time, and hands each to deliver
+// (false from it: the connection is over). False when the connection is over.
+template <typename Deliver>
+bool tls_readable(int fd, Hop& hop, uint8_t* buf, size_t cap, double timeout, Deliver deliver) {
   for (;;) {
     size_t total = 0;
     bool open = true;
@@ -482,10 +675,31 @@ bool relay_readable(int fd, Hop& hop, Hop& to, uint8_t* buf, size_t cap, double 
       break;
     }
     flush_tls(fd, hop, timeout);  // a KeyUpdate answer, if the peer asked for one
-    if (total > 0) relay_send(hop.partner, to, buf, total, timeout);
+    if (total > 0 && !deliver(buf, total)) return false;
     if (!open) return false;
     if (total < cap) return true;  // drained: OpenSSL wants the socket again
   }
+}
+
+// --h2: what the TLS hop has, while its partner's bytes wait for the peer's window.
+bool h2_read_tls(Hop& hop, uint8_t* buf, size_t cap) {
+  return tls_readable(hop.fd, hop, buf, cap, hop.timeout,
+                      [&](const uint8_t* d, size_t n) { return h2_received(hop, d, n); });
+}
+
+// Reads what fd has (all of it, for TLS) and passes it on. False when the connection is over.
+bool relay_readable(int fd, Hop& hop, Hop& to, uint8_t* buf, size_t cap, double timeout) {
+  if (hop.ssl == nullptr) {
+    ssize_t got = ::recv(fd, buf, cap, 0);
+    if (got <= 0) return false;
+    relay_send(hop.partner, to, buf, static_cast<size_t>(got), timeout);
+    return true;
+  }
+  if (hop.h2 != nullptr) return h2_read_tls(hop, buf, cap);
+  return tls_readable(fd, hop, buf, cap, timeout, [&](const uint8_t* d, size_t n) {
+    relay_send(hop.partner, to, d, n, timeout);
+    return true;
+  });
 }
 
 int run_relay(const Addr& listen_addr, const Addr& to, double max_seconds, double io_timeout,
@@ -552,6 +766,10 @@ int run_relay(const Addr& listen_addr, const Addr& to, double max_seconds, doubl
         try {
           if (tls.side == RelayTls::Side::kListen) start_tls(ctx.get(), c, *hc, true, io_timeout);
           if (tls.side == RelayTls::Side::kTo) start_tls(ctx.get(), u, *hu, false, io_timeout);
+          if (tls.h2 && tls.side == RelayTls::Side::kListen) h2_start(*hc, c, true, "", io_timeout);
+          if (tls.h2 && tls.side == RelayTls::Side::kTo) {
+            h2_start(*hu, u, false, to.ip + ":" + std::to_string(to.port), io_timeout);
+          }
         } catch (const Failure& e) {
           std::fprintf(stderr, "sockmesh-loadgen relay: %s\n", e.what());
           hc.reset();
@@ -576,7 +794,8 @@ int run_relay(const Addr& listen_addr, const Addr& to, double max_seconds, doubl
           bool open = false;
           try {
             open = relay_readable(f, hop, *hops[hop.partner], buf.get(), kBuf, io_timeout);
-          } catch (const Failure&) {
+          } catch (const Failure& e) {
+            std::fprintf(stderr, "sockmesh-loadgen relay: %s\n", e.what());
             open = false;
           }
           if (!open) drop(f);
@@ -592,7 +811,8 @@ int run_relay(const Addr& listen_addr, const Addr& to, double max_seconds, doubl
       bool open = false;
       try {
         open = relay_readable(fd, *it->second, *other->second, buf.get(), kBuf, io_timeout);
-      } catch (const Failure&) {
+      } catch (const Failure& e) {
+        std::fprintf(stderr, "sockmesh-loadgen relay: %s\n", e.what());
         open = false;
       }
       if (!open) drop(fd);
@@ -1234,7 +1454,7 @@ void usage() {
       "usage: sockmesh-loadgen server --listen IP:PORT [--max-seconds S] [--timeout S]\n"
       "           [--transparent yes] [--mark N] [--register PIN_ROOT,POD_IP]\n"
       "       sockmesh-loadgen relay --listen IP:PORT --to IP:PORT [--max-seconds S]\n"
-      "           [--tls-listen CERT,KEY,CA | --tls-to CERT,KEY,CA]\n"
+      "           [--tls-listen CERT,KEY,CA | --tls-to CERT,KEY,CA [--h2 yes]]\n"
       "       sockmesh-loadgen client --mode throughput|pingpong|hold|churn|connect --target IP:PORT\n"
       "           [--via tcp|socks5|http --proxy IP:PORT] [--bind IP] [--timeout S]\n"
       "           throughput: [--bytes N[K|M|G]] [--streams K]\n"
@@ -1321,6 +1541,10 @@ int main(int argc, char** argv) {
         tls.cert = files.substr(0, c1);
         tls.key = files.substr(c1 + 1, c2 - c1 - 1);
         tls.ca = files.substr(c2 + 1);
+      }
+      tls.h2 = get("h2", "no") == "yes";
+      if (tls.h2 && tls.side == RelayTls::Side::kNone) {
+        throw Failure("relay: --h2 yes needs --tls-listen or --tls-to");
       }
       return run_relay(parse_addr(flags["listen"]), parse_addr(flags["to"]),
                        std::stod(get("max-seconds", "1800")), std::stod(get("timeout", "300")),

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The benchmark's own tools, which its verdicts rest on: sockmesh-loadgen's TLS floor relays
-(mutual TLS 1.3 between two relays) must carry bytes intact and refuse a peer from another CA, and
-its churn mode must count failed tunnels rather than stop at the first. Real processes on
+(mutual TLS 1.3 between two relays) must carry bytes intact and refuse a peer from another CA, so
+must its HTTP/2 floor relays (HTTP/2 CONNECT inside that TLS), and its churn mode must count
+failed tunnels rather than stop at the first. Real processes on
 loopback; certificates from the openssl command line, as bench/run.py makes them."""
 import json
 import os
@@ -63,16 +64,18 @@ class BenchTools(unittest.TestCase):
         lines = r.stdout.decode().strip().splitlines()
         return r.returncode, (json.loads(lines[-1]) if lines else None), r.stderr.decode()
 
-    def tls_relays(self, client_pki, server_pki):
+    def tls_relays(self, client_pki, server_pki, h2_listen=False, h2_to=False):
         self.start("relay2", [LOADGEN, "relay", "--listen", "%s:17022" % self.ip(46),
                               "--to", self.server, "--max-seconds", "120", "--tls-listen",
                               "%s,%s,%s" % (server_pki["server_cert"], server_pki["server_key"],
-                                            server_pki["ca"])])
+                                            server_pki["ca"])] +
+                   (["--h2", "yes"] if h2_listen else []))
         self.start("relay1", [LOADGEN, "relay", "--listen", "%s:17021" % self.ip(45),
                               "--to", "%s:17022" % self.ip(46), "--max-seconds", "120",
                               "--tls-to", "%s,%s,%s" % (client_pki["client_cert"],
                                                         client_pki["client_key"],
-                                                        client_pki["ca"])])
+                                                        client_pki["ca"])] +
+                   (["--h2", "yes"] if h2_to else []))
         wait_until(lambda: port_open(self.ip(46), 17022), what="relay 2")
         wait_until(lambda: port_open(self.ip(45), 17021), what="relay 1")
 
@@ -96,6 +99,36 @@ class BenchTools(unittest.TestCase):
                                    "--seconds", "30")
         self.assertEqual(rc, 0, err)
         self.assertEqual((res["conns"], res["failures"]), (200, 0), res["first_error"])
+
+    def test_h2_floor_relays_carry_bytes_intact(self):
+        pki = self.pki("mesh")
+        self.tls_relays(pki, pki, h2_listen=True, h2_to=True)
+        # 40 MiB in one stream: more than the 16 MiB connection window and the 4 MiB stream
+        # window, so the sender waits for WINDOW_UPDATEs, and frames are up to 256 KiB.
+        rc, res, err = self.client("--mode", "throughput", "--bytes", "40M", "--streams", "1")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(res["bytes"], 40 << 20)
+        rc, res, err = self.client("--mode", "throughput", "--bytes", "16M", "--streams", "4")
+        self.assertEqual(rc, 0, err)
+        rc, res, err = self.client("--mode", "pingpong", "--size", "70000", "--iters", "200",
+                                   "--warmup", "10")
+        self.assertEqual(rc, 0, err)  # each echo is compared with what was sent
+        self.assertEqual(res["iters"], 200)
+        rc, res, err = self.client("--mode", "churn", "--conns", "200", "--streams", "4",
+                                   "--seconds", "30")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual((res["conns"], res["failures"]), (200, 0), res["first_error"])
+
+    def test_h2_floor_relay_speaks_http2_only_to_http2(self):
+        # The HTTP/2 server relay gets TLS with no HTTP/2 preface inside: it must not relay it.
+        pki = self.pki("mesh")
+        self.tls_relays(pki, pki, h2_listen=True, h2_to=False)
+        rc, res, err = self.client("--mode", "pingpong", "--iters", "5", "--warmup", "0")
+        self.assertNotEqual(rc, 0, "bytes without HTTP/2 framing crossed an HTTP/2 relay")
+        wait_until(lambda: "nghttp2" in self.log_of("relay2"), timeout=5,
+                   what="relay 2 to log the HTTP/2 error")
+        self.assertIsNone(next(p for p, n in self.procs if n == "relay2").poll(),
+                          "relay 2 exited on a peer that does not speak HTTP/2")
 
     def test_tls_relays_of_different_cas_do_not_connect(self):
         self.tls_relays(self.pki("other"), self.pki("mesh"))
