@@ -28,7 +28,15 @@
  * sockmesh were not there (DNS keeps working while the proxy is down or has no DNS server), a TCP
  * query is an outbound connection like any other (15001, or the fail-closed/open rule).
  *
- * Counters: each program run counts exactly one decision (see enum sm_counter). */
+ * MSS: a SYN or SYN-ACK the app sends is bounced to a proxy socket in this netns, yet it carries
+ * the MSS of the app's route to the remote address (eth0's, 1460 or less), and the proxy's socket
+ * would then send to the app in segments of that size over lo (65536). tc raises that MSS option
+ * to SM_LOCAL_HOP_MSS as it bounces the packet: the proxy's socket, whose route to the app is
+ * local, sends large segments (its own path MTU still clamps them); the app's socket is untouched.
+ * Only the first option is looked at, where Linux and the other common stacks put MSS.
+ *
+ * Counters: each program run counts exactly one decision (see enum sm_counter); tc_payload and
+ * mss_raised count what a bounce also did. */
 #include "lib/packet.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -129,6 +137,34 @@ static __always_inline bool sm_has_listener(const struct sm_ip* pod_ip, __u32 ki
   return true;
 }
 
+#define SM_TCPOPT_MSS 2
+#define SM_TCPOLEN_MSS 4
+
+/* See "MSS" at the top of this file. Leaves the packet as it was when anything does not fit. */
+static __always_inline void sm_raise_mss(struct __sk_buff* skb, const struct sm_packet* pkt) {
+  if (pkt->protocol != SM_IPPROTO_TCP || !(pkt->tcp_flags & SM_TCP_SYN)) return;
+  __u32 tcp = pkt->l4_offset;
+  __u8 doff = 0;
+  if (bpf_skb_load_bytes(skb, tcp + 12, &doff, 1) < 0) return;
+  if ((doff >> 4) * 4 < sizeof(struct tcphdr) + SM_TCPOLEN_MSS) return;
+  __u8 opt[SM_TCPOLEN_MSS];
+  __u32 at = tcp + sizeof(struct tcphdr);
+  if (bpf_skb_load_bytes(skb, at, opt, sizeof(opt)) < 0) return;
+  if (opt[0] != SM_TCPOPT_MSS || opt[1] != SM_TCPOLEN_MSS) return;
+  __be16 old_mss;
+  __builtin_memcpy(&old_mss, &opt[2], 2);
+  if (bpf_ntohs(old_mss) >= SM_LOCAL_HOP_MSS) return;
+  __be16 new_mss = bpf_htons(SM_LOCAL_HOP_MSS);
+  /* The checksum first: for a packet whose checksum is still to be computed (CHECKSUM_PARTIAL,
+   * as TCP's own are) the helper leaves it alone, as it must. */
+  if (bpf_l4_csum_replace(skb, tcp + __builtin_offsetof(struct tcphdr, check), old_mss, new_mss,
+                          sizeof(new_mss)) < 0) {
+    return;
+  }
+  if (bpf_skb_store_bytes(skb, at + 2, &new_mss, sizeof(new_mss), 0) < 0) return;
+  sm_count(SM_CNT_MSS_RAISED);
+}
+
 static __always_inline int sm_bounce_to_ingress(struct __sk_buff* skb, struct sm_packet* pkt) {
   void* data = (void*)(long)skb->data;
   void* data_end = (void*)(long)skb->data_end;
@@ -140,6 +176,7 @@ static __always_inline int sm_bounce_to_ingress(struct __sk_buff* skb, struct sm
   __builtin_memcpy(mac, eth->h_source, SM_ETH_ALEN);
   if (bpf_skb_store_bytes(skb, __builtin_offsetof(struct ethhdr, h_dest), mac, SM_ETH_ALEN, 0) < 0)
     return SM_TC_ACT_OK;
+  sm_raise_mss(skb, pkt);
   skb->mark |= SM_MARK_BOUNCED;
   sm_count(SM_CNT_BOUNCED);
   if (pkt->protocol == SM_IPPROTO_TCP && pkt->payload_len) sm_count(SM_CNT_TC_PAYLOAD);

@@ -8,6 +8,7 @@ struct sm_packet {
   struct sm_ip dst;
   struct bpf_sock_tuple tuple; /* as the packet carries it: the lookup's "remote" is src */
   __u32 payload_len;
+  __u16 l4_offset; /* of the TCP or UDP header, from the start of the frame */
   __u16 sport; /* host order */
   __u16 dport;
   __u8 tcp_flags; /* 0 for UDP */
@@ -81,6 +82,7 @@ static __always_inline int sm_parse_l4(struct __sk_buff* skb, struct sm_packet* 
   }
 
   pkt->protocol = protocol;
+  pkt->l4_offset = (__u16)l4_offset;
   pkt->sport = bpf_ntohs(l4->source);
   pkt->dport = bpf_ntohs(l4->dest);
   __u32 headers = l4_offset + sizeof(struct udphdr);

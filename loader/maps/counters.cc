@@ -38,6 +38,7 @@ constexpr CounterInfo kCounters[] = {
     {"time_wait_syn", "SYNs to capture whose tuple a TIME_WAIT socket held (handed to it)"},
     {"time_wait_reused", "SYNs that reused a TIME_WAIT tuple, given to the proxy's listener"},
     {"captured_dns", "DNS queries to port 53 (UDP datagrams, TCP SYNs) given to the proxy's 15053"},
+    {"mss_raised", "bounced SYNs and SYN-ACKs whose MSS option was raised to the local hop's"},
 };
 static_assert(std::size(kCounters) == SM_CNT_COUNT, "name every enum sm_counter value");
 

@@ -49,6 +49,10 @@ using testing::kAck;
 using testing::kPsh;
 using testing::kSyn;
 using testing::tcp_frame;
+using testing::first_option_mss;
+using testing::set_tcp_checksum;
+using testing::tcp_checksum_residue;
+using testing::with_tcp_options;
 
 IpAddress ip(const char* text) { return *IpAddress::parse(text); }
 Endpoint ep(const char* text) { return *Endpoint::parse(text); }
@@ -239,6 +243,59 @@ TEST_F(CaptureTest, EgressBouncesNewOutboundSynIntoIngress) {
   EXPECT_EQ(moved(), (Counts{{"bounced", 1}}));
 }
 
+// The options a Linux SYN carries: MSS first, then SACK-permitted, timestamps, NOP, window scale.
+std::vector<uint8_t> syn_options(uint16_t mss) {
+  return {2, 4, static_cast<uint8_t>(mss >> 8), static_cast<uint8_t>(mss & 0xff), 4, 2, 8, 10,
+          0, 0, 0, 1, 0, 0, 0, 0, 1, 3, 3, 7};
+}
+
+TEST_F(CaptureTest, BouncedSynOffersTheProxyTheLocalHopMss) {
+  enroll("10.0.0.2");
+  enroll("fd00::2");
+  UniqueFd proxy = register_listener("10.0.0.2", ListenerKind::kOutbound);
+  UniqueFd proxy6 = register_listener("fd00::2", ListenerKind::kOutbound);
+  for (const char* to : {"10.9.0.1:80", "[fd00:9::1]:443"}) {
+    bool v6 = to[0] == '[';
+    auto frame = with_tcp_options(
+        tcp_frame(ep(v6 ? "[fd00::2]:40000" : "10.0.0.2:40000"), ep(to), kSyn), syn_options(1460));
+    set_tcp_checksum(frame);
+    ASSERT_EQ(tcp_checksum_residue(frame), 0) << "the test's own checksum";
+    auto r = egress(frame);
+    EXPECT_EQ(r.verdict, TC_ACT_REDIRECT) << to;
+    EXPECT_EQ(first_option_mss(r.frame), SM_LOCAL_HOP_MSS) << to;
+    EXPECT_EQ(tcp_checksum_residue(r.frame), 0) << to << ": the checksum follows the option";
+    // Nothing else changed but the destination MAC: the segment is the one with that MSS.
+    auto expected = with_tcp_options(
+        tcp_frame(ep(v6 ? "[fd00::2]:40000" : "10.0.0.2:40000"), ep(to), kSyn),
+        syn_options(SM_LOCAL_HOP_MSS));
+    set_tcp_checksum(expected);
+    ASSERT_EQ(r.frame.size(), expected.size());
+    EXPECT_TRUE(std::equal(expected.begin() + 6, expected.end(), r.frame.begin() + 6)) << to;
+    EXPECT_EQ(moved(), (Counts{{"bounced", 1}, {"mss_raised", 1}})) << to;
+  }
+}
+
+TEST_F(CaptureTest, MssIsLeftAloneWhenItIsNotTheFirstOptionOrAlreadyLarge) {
+  enroll("10.0.0.2");
+  UniqueFd proxy = register_listener("10.0.0.2", ListenerKind::kOutbound);
+  auto from = ep("10.0.0.2:40000"), to = ep("10.9.0.1:80");
+  std::vector<std::vector<uint8_t>> frames = {
+      with_tcp_options(tcp_frame(from, to, kSyn), {1, 1, 1, 0}),       // NOPs, no MSS
+      with_tcp_options(tcp_frame(from, to, kSyn), {1, 2, 4, 5, 180, 0, 0, 0}),  // MSS 2nd
+      with_tcp_options(tcp_frame(from, to, kSyn), syn_options(SM_LOCAL_HOP_MSS)),
+      tcp_frame(from, to, kSyn),  // no options at all
+  };
+  for (auto& frame : frames) {
+    set_tcp_checksum(frame);
+    auto r = egress(frame);
+    EXPECT_EQ(r.verdict, TC_ACT_REDIRECT);
+    ASSERT_EQ(r.frame.size(), frame.size());
+    EXPECT_TRUE(std::equal(frame.begin() + 12, frame.end(), r.frame.begin() + 12))
+        << "only the MAC may change";
+    EXPECT_EQ(moved(), (Counts{{"bounced", 1}}));
+  }
+}
+
 TEST_F(CaptureTest, IngressAssignsBouncedSynToTheOutboundListener) {
   enroll("10.0.0.2");
   UniqueFd proxy = register_listener("10.0.0.2", ListenerKind::kOutbound);
@@ -302,6 +359,16 @@ TEST_F(CaptureTest, EgressBouncesPacketsOfAKnownFlowAndPassesOthers) {
   EXPECT_EQ(known.verdict, TC_ACT_REDIRECT);
   EXPECT_EQ(known.mark & SM_MARK_MASK, SM_MARK_BOUNCED);
   EXPECT_EQ(moved(), (Counts{{"bounced", 1}, {"tc_payload", 1}}));
+
+  // A SYN-ACK on that tuple (as the app answers the proxy's transparent dial): bounced, with
+  // the local hop's MSS in place of the one of the app's route to the remote address.
+  auto syn_ack = with_tcp_options(tcp_frame(client_ep, server_ep, kSyn | kAck), syn_options(1448));
+  set_tcp_checksum(syn_ack);
+  auto answered = egress(syn_ack);
+  EXPECT_EQ(answered.verdict, TC_ACT_REDIRECT);
+  EXPECT_EQ(first_option_mss(answered.frame), SM_LOCAL_HOP_MSS);
+  EXPECT_EQ(tcp_checksum_residue(answered.frame), 0);
+  EXPECT_EQ(moved(), (Counts{{"bounced", 1}, {"mss_raised", 1}}));
 
   // Same destination, another source port: only the listener matches, so it is not ours.
   Endpoint stranger = client_ep;

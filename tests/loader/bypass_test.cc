@@ -185,7 +185,9 @@ TEST_P(BypassTest, IPv6HopsArePairedLikeIPv4Ones) {
   auto delta = [&](sm_counter c) { return after[c] - before[c]; };
   if (GetParam().bypass) {
     EXPECT_EQ(delta(SM_CNT_SOCKOPS_INSERTED), 40u) << "both ends of both hops, 10 times";
-    EXPECT_GT(delta(SM_CNT_BYPASS_SENDS), 20u);
+    // At least one bypassed send per connection (the app's 64 KiB out, the app's echo back);
+    // how many more depends on how the reads split the bytes.
+    EXPECT_GE(delta(SM_CNT_BYPASS_SENDS), 20u);
     EXPECT_EQ(delta(SM_CNT_BYPASS_NOTES_EXPIRED), 0u) << "a note no passive end found";
   } else {
     EXPECT_EQ(delta(SM_CNT_SOCKOPS_INSERTED), 0u);

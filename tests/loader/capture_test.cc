@@ -91,6 +91,15 @@ TEST_P(CaptureFlowTest, OutboundConnectionReachesTheProxyWithItsOriginalDestinat
   ASSERT_EQ(served.size(), 1u);
   EXPECT_EQ(served[0].first.ip, pod_ip()) << "the relay dialled out from the pod";
   EXPECT_EQ(counter(SM_CNT_CAPTURED_OUTBOUND), 1u);
+  // The app's SYN offered the MSS of its route out of eth0 (MTU 1500); tc raised it as it bounced
+  // the SYN, so the relay sends to the app in lo-sized segments, while the app's own socket
+  // keeps its eth0 size and the relay's dial out is untouched.
+  auto mss = proxy.segment_sizes();
+  ASSERT_EQ(mss.size(), 1u);
+  EXPECT_GT(mss[0].accepted, 16000) << "the relay's segments to the app";
+  EXPECT_LE(mss[0].upstream, 1460) << "the relay's dial out of eth0";
+  EXPECT_LE(testing::max_segment(app.get()), 1460) << "the app's own socket";
+  EXPECT_EQ(counter(SM_CNT_MSS_RAISED), 1u);
 }
 
 TEST_P(CaptureFlowTest, InboundConnectionToAnAppPortLandsOn15006) {
@@ -131,6 +140,13 @@ TEST_P(CaptureFlowTest, InboundRelayMayKeepTheClientAddressTowardsTheApp) {
   EXPECT_EQ(direct[0].first.ip, peer_ip()) << "the app sees the client's address";
   EXPECT_EQ(counter(SM_CNT_CAPTURED_INBOUND), 1u);
   EXPECT_GT(counter(SM_CNT_BOUNCED), 0u);
+  // The app's SYN-ACK to the client's address carried eth0's MSS; bounced to the relay's
+  // transparent socket with the local hop's instead, so the relay sends to the app in lo-sized
+  // segments, as it does when it dials from the pod's own address.
+  auto mss = proxy.segment_sizes();
+  ASSERT_EQ(mss.size(), 1u);
+  EXPECT_GT(mss[0].upstream, 16000) << "the relay's segments to the app";
+  EXPECT_EQ(counter(SM_CNT_MSS_RAISED), 1u);
 }
 
 TEST_P(CaptureFlowTest, HboneOn15008IsNotCaptured) {

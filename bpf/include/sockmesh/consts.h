@@ -52,6 +52,10 @@
 /* Slots of SM_MAP_COUNTERS: more than enum sm_counter uses, so that a new counter keeps the
  * pinned map's shape and an upgrade can reuse it. */
 #define SM_CNT_SLOTS 32
+
+/* The MSS tc offers a proxy socket in a bounced SYN or SYN-ACK (capture.bpf.c): lo's MTU, 65536,
+ * less the IPv4 and TCP headers. The sending socket clamps it to its own path MTU. */
+#define SM_LOCAL_HOP_MSS 65495
 #define SM_MAX_BYPASS_SOCKETS 65536
 #define SM_MAX_STACK_FLOWS 16384
 #define SM_MAX_AWAIT_PEER 4096

@@ -122,6 +122,8 @@ enum sm_counter {
                                    (a SYN that reused the tuple of a TIME_WAIT socket) */
   SM_CNT_CAPTURED_DNS,          /* DNS queries given to the proxy's DNS sockets (15053): each UDP
                                    datagram, and each TCP SYN, to port 53 */
+  SM_CNT_MSS_RAISED,            /* bounced SYNs and SYN-ACKs whose MSS option tc raised to the
+                                   local hop's (SM_LOCAL_HOP_MSS), see capture.bpf.c */
   SM_CNT_COUNT,
 };
 

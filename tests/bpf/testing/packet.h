@@ -69,6 +69,70 @@ inline std::vector<uint8_t> tcp_frame(const Endpoint& src, const Endpoint& dst, 
   return frame;
 }
 
+// Offset of the TCP (or UDP) header in a frame of tcp_frame().
+inline size_t l4_offset(const std::vector<uint8_t>& frame) {
+  uint16_t proto = static_cast<uint16_t>(frame[12] << 8 | frame[13]);
+  return sizeof(ethhdr) + (proto == ETH_P_IP ? (frame[sizeof(ethhdr)] & 0x0f) * 4u : sizeof(ipv6hdr));
+}
+
+// The frame with TCP options after its TCP header (a multiple of 4 bytes), lengths fixed up.
+inline std::vector<uint8_t> with_tcp_options(std::vector<uint8_t> frame,
+                                             const std::vector<uint8_t>& options) {
+  size_t tcp = l4_offset(frame);
+  frame.insert(frame.begin() + static_cast<std::ptrdiff_t>(tcp + sizeof(tcphdr)), options.begin(),
+               options.end());
+  auto* th = reinterpret_cast<tcphdr*>(frame.data() + tcp);
+  th->doff = static_cast<uint16_t>((sizeof(tcphdr) + options.size()) / 4);
+  uint8_t* l3 = frame.data() + sizeof(ethhdr);
+  if (tcp - sizeof(ethhdr) == sizeof(ipv6hdr) && (l3[0] >> 4) == 6) {
+    auto* ip6 = reinterpret_cast<ipv6hdr*>(l3);
+    ip6->payload_len = htons(static_cast<uint16_t>(frame.size() - tcp));
+  } else {
+    auto* ip = reinterpret_cast<iphdr*>(l3);
+    ip->tot_len = htons(static_cast<uint16_t>(frame.size() - sizeof(ethhdr)));
+  }
+  return frame;
+}
+
+// The TCP checksum over the pseudo-header and segment, as a receiver checks it: 0 when the
+// checksum field is right.
+inline uint16_t tcp_checksum_residue(const std::vector<uint8_t>& frame) {
+  size_t tcp = l4_offset(frame);
+  const uint8_t* l3 = frame.data() + sizeof(ethhdr);
+  uint32_t sum = 0;
+  auto add = [&sum](const uint8_t* p, size_t n) {
+    for (size_t i = 0; i + 1 < n; i += 2) sum += static_cast<uint32_t>(p[i] << 8 | p[i + 1]);
+    if (n % 2) sum += static_cast<uint32_t>(p[n - 1] << 8);
+  };
+  size_t len = frame.size() - tcp;
+  if ((l3[0] >> 4) == 4) {
+    add(l3 + 12, 8);  // source and destination addresses
+  } else {
+    add(l3 + 8, 32);
+  }
+  sum += IPPROTO_TCP;
+  sum += static_cast<uint32_t>(len);
+  add(frame.data() + tcp, len);
+  while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+  return static_cast<uint16_t>(~sum & 0xffff);
+}
+
+// Sets the TCP checksum field so that tcp_checksum_residue() is 0.
+inline void set_tcp_checksum(std::vector<uint8_t>& frame) {
+  size_t at = l4_offset(frame) + 16;
+  frame[at] = frame[at + 1] = 0;
+  uint16_t c = tcp_checksum_residue(frame);
+  frame[at] = static_cast<uint8_t>(c >> 8);
+  frame[at + 1] = static_cast<uint8_t>(c & 0xff);
+}
+
+// The MSS option's value when it is the segment's first option, else 0.
+inline uint16_t first_option_mss(const std::vector<uint8_t>& frame) {
+  size_t opt = l4_offset(frame) + sizeof(tcphdr);
+  if (frame.size() < opt + 4 || frame[opt] != 2 || frame[opt + 1] != 4) return 0;
+  return static_cast<uint16_t>(frame[opt + 2] << 8 | frame[opt + 3]);
+}
+
 inline std::vector<uint8_t> arp_frame() {
   std::vector<uint8_t> frame(sizeof(ethhdr) + 28, 0);
   auto* eth = reinterpret_cast<ethhdr*>(frame.data());

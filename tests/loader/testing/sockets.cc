@@ -230,6 +230,17 @@ Relay::Relay(const std::string& netns_path, maps::ListenerMap& listeners, const 
 
 Relay::~Relay() { stop(); }
 
+std::vector<Relay::SegmentSizes> Relay::segment_sizes() const {
+  std::lock_guard<std::mutex> lock(mss_mu_);
+  return mss_;
+}
+
+int max_segment(int fd) {
+  int mss = 0;
+  socklen_t len = sizeof(mss);
+  return getsockopt(fd, IPPROTO_TCP, TCP_MAXSEG, &mss, &len) == 0 ? mss : -1;
+}
+
 void Relay::serve(int fd) {
   // A captured connection's local address is where the app meant to go.
   Endpoint original = local_of(fd);
@@ -242,6 +253,10 @@ void Relay::serve(int fd) {
   if (!upstream) {
     shutdown(fd, SHUT_RDWR);
     return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mss_mu_);
+    mss_.push_back({max_segment(fd), max_segment(upstream.get())});
   }
   std::thread back([&] { pump(upstream.get(), fd, stopping_); });
   pump(fd, upstream.get(), stopping_);

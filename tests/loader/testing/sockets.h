@@ -97,6 +97,14 @@ class Relay : public Server {
         maps::ListenerKind kind, uint32_t upstream_mark, bool keep_source = false);
   ~Relay() override;
 
+  // TCP_MAXSEG of each relayed connection's two sockets once the dial is up: what the relay
+  // sends to the app (accepted) and to the original destination (upstream) in one segment.
+  struct SegmentSizes {
+    int accepted = 0;
+    int upstream = 0;
+  };
+  std::vector<SegmentSizes> segment_sizes() const;
+
  protected:
   void serve(int fd) override;
 
@@ -104,7 +112,12 @@ class Relay : public Server {
   std::string netns_path_;
   uint32_t upstream_mark_;
   bool keep_source_;
+  mutable std::mutex mss_mu_;
+  std::vector<SegmentSizes> mss_;
 };
+
+// TCP_MAXSEG of a connected socket (-1 on error).
+int max_segment(int fd);
 
 // Copies a -> b until EOF on a, then shuts b's write side. EAGAIN is retried.
 void pump(int from, int to, const std::atomic<bool>& stopping);
