@@ -83,6 +83,7 @@ PATHS = [
     ("ptfloor", "(p) passthrough floor: 1 minimal relay in the client pod, no TLS"),
     ("floor", "(f) floor: 2 minimal relays in the pods, no TLS"),
     ("tlsfloor", "(t) TLS floor: the relays with mTLS 1.3 between them"),
+    ("h2floor", "(th) HTTP/2 floor: (t) with an HTTP/2 CONNECT stream inside the TLS"),
     # --baseline-rev / --baseline-build: (2) and (3) again, on the binaries of another build, and
     # (5) and (5s) when they run.
     ("basebypass", "(2b) as (2), baseline build"),
@@ -95,8 +96,8 @@ BASELINE_PATHS = ("basebypass", "basenobypass", "basepassthrough", "baseptsplice
 BASELINE_PASSTHROUGH_OF = {"basepassthrough": "passthrough", "baseptsplice": "ptsplice"}
 # Reference rows, across nodes only: loadgen relays where the proxies sit on the mesh path (relay 1
 # in the client pod, relay 2 in the server pod on node-b), on the pods of (1).
-FLOOR_PATHS = ("floor", "tlsfloor")
-FLOOR_PORTS = {"floor": (17011, 17012), "tlsfloor": (17021, 17022)}
+FLOOR_PATHS = ("floor", "tlsfloor", "h2floor")
+FLOOR_PORTS = {"floor": (17011, 17012), "tlsfloor": (17021, 17022), "h2floor": (17041, 17042)}
 # (p), both topologies, on the pods of (1): the one relay a passthrough has, in the client pod, to
 # the server app; one relay (and port) per server.
 PT_FLOOR_PORTS = {"cross": 17031, "same": 17032}
@@ -226,12 +227,13 @@ class ClusterBench:
                 15)
 
     def floor_relays(self, key, client, server):
-        """Starts (f) or (t): relay 1 in the client pod (on its lo), relay 2 in the server pod on
-        node-b, relay 2 -> the server app on the pod's lo; for (t) mutual TLS 1.3 from relay 1
-        to relay 2. Returns relay 1's address, the client's target."""
+        """Starts (f), (t) or (th): relay 1 in the client pod (on its lo), relay 2 in the server
+        pod on node-b, relay 2 -> the server app on the pod's lo; for (t) mutual TLS 1.3 from
+        relay 1 to relay 2, for (th) an HTTP/2 CONNECT stream inside it. Returns relay 1's
+        address, the client's target."""
         p1, p2 = FLOOR_PORTS[key]
         tls1, tls2 = [], []
-        if key == "tlsfloor":
+        if key in ("tlsfloor", "h2floor"):
             if self.pki is None:
                 d = os.path.join(server.cluster.work, "bench-pki")
                 os.makedirs(d, exist_ok=True)
@@ -239,6 +241,9 @@ class ClusterBench:
             k = self.pki
             tls1 = ["--tls-to", "%s,%s,%s" % (k["client_cert"], k["client_key"], k["ca"])]
             tls2 = ["--tls-listen", "%s,%s,%s" % (k["server_cert"], k["server_key"], k["ca"])]
+            if key == "h2floor":
+                tls1 += ["--h2", "yes"]
+                tls2 += ["--h2", "yes"]
         self.start_relay(server, "%s-relay2" % key, "%s:%d" % (server.ip, p2),
                          "127.0.0.1:%d" % SERVER_PORT, tls2)
         return self.start_relay(client, "%s-relay1" % key, "127.0.0.1:%d" % p1,
@@ -787,11 +792,30 @@ class ClusterBench:
         if f is not None and t is not None:
             L.append("- (f) → (t), what mTLS 1.3 alone costs across nodes: RTT p50 %+.1f µs, CPU "
                      "s/GB %.2f → %.2f." % (t["p50"] - f["p50"], f["cpu_per_gb"], t["cpu_per_gb"]))
+        h = s.get("h2floor/cross")
+        if h is not None and t is not None:
+            L.append("- (t) → (th), what HBONE's HTTP/2 framing adds to mTLS at its least (nghttp2, "
+                     "no proxy around it): RTT p50 %+.1f µs, CPU s/GB %.2f → %.2f (%+.0f%%), 1 "
+                     "stream %.2f → %.2f Gbit/s." % (
+                         h["p50"] - t["p50"], t["cpu_per_gb"], h["cpu_per_gb"],
+                         100 * (h["cpu_per_gb"] / t["cpu_per_gb"] - 1), t["tp1"], h["tp1"]))
+        if h is not None:
+            for key, label in (("bypass", "(2)"), ("nosrcip", "(2n)")):
+                x = s.get(key + "/cross")
+                if x is None:
+                    continue
+                L.append("- Sockmesh %s against the HTTP/2 floor (th): CPU s/GB %.2f against %.2f "
+                         "= %.2f×; RTT p50 %+.1f µs; 1 stream %.2f against %.2f Gbit/s." % (
+                             label, x["cpu_per_gb"], h["cpu_per_gb"],
+                             x["cpu_per_gb"] / h["cpu_per_gb"], x["p50"] - h["p50"], x["tp1"],
+                             h["tp1"]))
         if L:
             L.append("")
-            L.append("(f) and (t) are `sockmesh-loadgen relay` (one epoll thread; (t) with "
+            L.append("(f), (t) and (th) are `sockmesh-loadgen relay` (one epoll thread; (t) with "
                      "`--tls-to`/`--tls-listen`, TLS 1.3 AES-128-GCM, mutual certificates, no "
-                     "HTTP/2) run in the pods of (1): relay 1 in the client pod on 127.0.0.1, "
+                     "HTTP/2; (th) adds `--h2 yes`: one HTTP/2 CONNECT stream per connection "
+                     "inside that TLS, nghttp2, the proxy's windows and frame size) run in the "
+                     "pods of (1): relay 1 in the client pod on 127.0.0.1, "
                      "relay 2 in the server pod on node-b, which relays to the server app on its "
                      "lo, where the two proxies sit on the mesh path. Their CPU is in the same "
                      "cgroup tree. (5) is (2)'s mesh client pod talking to pods of a namespace not "
@@ -816,7 +840,7 @@ class ClusterBench:
         colours = {"nomesh": "#8c8c8c", "bypass": "#2ca02c", "nofast": "#ff7f0e", "nosrcip": "#bcbd22",
                    "nobypass": "#1f77b4",
                    "iptables": "#d62728", "passthrough": "#9467bd", "ptsplice": "#c5b0d5", "ptfloor": "#e7e7e7", "floor": "#c7c7c7",
-                   "tlsfloor": "#17becf", "basebypass": "#98df8a", "basenobypass": "#aec7e8",
+                   "tlsfloor": "#17becf", "h2floor": "#9edae5", "basebypass": "#98df8a", "basenobypass": "#aec7e8",
                    "basepassthrough": "#dbdb8d", "baseptsplice": "#f7b6d2"}
         panels = [("tp1", "1 stream, Gbit/s (higher is better)"),
                   ("tp8", "%d streams, Gbit/s (higher is better)" % o.streams),
@@ -917,11 +941,11 @@ def parse_args(argv):
                          "repetitions (default 3)", "MiB for the 1-stream run (8 streams: twice)")
     ap.add_argument("--paths",
                     default="nomesh,bypass,nofast,nosrcip,nobypass,iptables,passthrough,ptsplice,"
-                    "ptfloor,floor,tlsfloor",
+                    "ptfloor,floor,tlsfloor,h2floor",
                     help="comma list of: nomesh, bypass, nofast (same node only), nosrcip (across "
                     "nodes only), nobypass, "
-                    "iptables, passthrough, ptsplice, ptfloor, floor and tlsfloor (the last two "
-                    "across nodes only)")
+                    "iptables, passthrough, ptsplice, ptfloor, floor, tlsfloor and h2floor (the "
+                    "last three across nodes only)")
     ap.add_argument("--topologies", default="cross,same", help="comma list of: cross, same")
     ap.add_argument("--first-byte-conns", type=int, help="new connections per first-byte sample "
                     "run (default 20 quick, 100 full; 0: no first-byte rows)")
