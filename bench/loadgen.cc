@@ -497,13 +497,11 @@ int h2_send_data(nghttp2_session*, nghttp2_frame* frame, const uint8_t* framehd,
   return hop->plain.size() >= kH2Batch ? NGHTTP2_ERR_PAUSE : 0;
 }
 
-int h2_on_data(nghttp2_session* session, uint8_t, int32_t stream_id, const uint8_t* data,
-               size_t len, void* user) {
+// Windows reopen on their own (nghttp2's automatic WINDOW_UPDATE) as DATA arrives.
+int h2_on_data(nghttp2_session*, uint8_t, int32_t stream_id, const uint8_t* data, size_t len,
+               void* user) {
   auto* hop = static_cast<Hop*>(user);
-  if (stream_id != hop->stream) {
-    nghttp2_session_consume(session, stream_id, len);
-    return 0;
-  }
+  if (stream_id != hop->stream) return 0;  // not the relayed stream: dropped
   try {
     write_all(hop->partner, data, len);
   } catch (const Failure& e) {
