@@ -476,6 +476,14 @@ constexpr uint32_t kH2ConnectionWindow = 16 * 1024 * 1024;
 constexpr uint32_t kH2MaxFrame = 256 * 1024;
 constexpr size_t kH2Batch = 256 * 1024;
 
+// How large a DATA frame may be: as large as both windows and the peer's SETTINGS_MAX_FRAME_SIZE
+// allow, as the proxy sends them (without this callback nghttp2 sends at most 16 KiB).
+ssize_t h2_frame_length(nghttp2_session*, uint8_t, int32_t, int32_t session_window,
+                        int32_t stream_window, uint32_t remote_max_frame, void*) {
+  int64_t n = std::min<int64_t>({session_window, stream_window, remote_max_frame});
+  return static_cast<ssize_t>(std::max<int64_t>(n, 1));
+}
+
 // nghttp2 asks how much of the stream's data to put in the next DATA frame.
 ssize_t h2_read_data(nghttp2_session*, int32_t, uint8_t*, size_t length, uint32_t* flags,
                      nghttp2_data_source*, void* user) {
@@ -581,6 +589,7 @@ void h2_start(Hop& hop, int fd, bool server, const std::string& authority, doubl
   nghttp2_session_callbacks* cb = nullptr;
   if (nghttp2_session_callbacks_new(&cb) != 0) throw Failure("nghttp2_session_callbacks_new");
   nghttp2_session_callbacks_set_send_data_callback(cb, h2_send_data);
+  nghttp2_session_callbacks_set_data_source_read_length_callback(cb, h2_frame_length);
   nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, h2_on_data);
   nghttp2_session_callbacks_set_on_frame_recv_callback(cb, h2_on_frame);
   nghttp2_session_callbacks_set_on_stream_close_callback(cb, h2_on_close);
@@ -625,9 +634,13 @@ void h2_send(Hop& hop, const uint8_t* data, size_t len) {
   hop.unframed_len = len;
   auto deadline = Clock::now() + std::chrono::duration<double>(hop.timeout);
   for (;;) {
+    size_t before = hop.unframed_len;
     nghttp2_session_resume_data(hop.h2, hop.stream);  // not deferred: a harmless error
     h2_flush(hop);
     if (hop.unframed_len == 0) break;
+    if (hop.unframed_len < before) {  // the window moves: the timeout is for one that does not
+      deadline = Clock::now() + std::chrono::duration<double>(hop.timeout);
+    }
     if (hop.stream_over) throw Failure("HTTP/2 stream closed with bytes unsent");
     if (Clock::now() > deadline) throw Failure("HTTP/2 window shut for the whole timeout");
     pollfd pf{hop.fd, POLLIN, 0};

@@ -53,8 +53,9 @@
  * pinned map's shape and an upgrade can reuse it. */
 #define SM_CNT_SLOTS 32
 
-/* The MSS tc offers a proxy socket in a bounced SYN or SYN-ACK (capture.bpf.c): lo's MTU, 65536,
- * less the IPv4 and TCP headers. The sending socket clamps it to its own path MTU. */
+/* The MSS tc offers a proxy socket in a bounced SYN or SYN-ACK (capture.bpf.c): the largest an
+ * IPv4 packet allows (65535 less the IPv4 and TCP headers), lo's MTU being 65536. The sending
+ * socket clamps it to its own path MTU. */
 #define SM_LOCAL_HOP_MSS 65495
 #define SM_MAX_BYPASS_SOCKETS 65536
 #define SM_MAX_STACK_FLOWS 16384
