@@ -1,6 +1,7 @@
 #include "proxy/tunnel_relay.h"
 
 #include <span>
+#include <utility>
 
 #include "net/sockets.h"
 
@@ -79,13 +80,13 @@ void TunnelRelay::read_socket() {
     }
     if (stream_->above_high_watermark()) {
       paused_ = true;  // on_writable resumes
-      if (read_paused_) read_paused_();
+      if (read_paused_) std::exchange(read_paused_, nullptr)();
       return;
     }
     // Not paused, but far behind a bypassed app (its sends are queued without limit): the same.
     if (read_paused_ && n == net::kRelayBufferBytes &&
         net::unread_bytes(socket_) > net::kMaxUnreadBeforePause) {
-      read_paused_();
+      std::exchange(read_paused_, nullptr)();
     }
   }
   reading_ = true;
