@@ -2,10 +2,12 @@
 """Where sockmesh's HBONE path spends more than the TLS floor (issue 16 item 3; root).
 
 On the cluster bench's pods (bench/cluster.py), across nodes: the two node proxies of (2) against
-the two relays of (t) (mutual TLS 1.3, no HTTP/2), for the same work, one after the other:
+the two relays of (t) (mutual TLS 1.3, no HTTP/2) and of (th) ((t) with one HTTP/2 CONNECT stream
+inside the TLS), for the same work, one after the other:
   - 1 stream of --mib MiB: syscalls per MiB and task-clock ms per GiB of the two processes
-    (perf stat -e raw_syscalls:sys_enter,task-clock -p <pids>), and their user and system CPU
-    time per GiB (/proc/<pid>/stat), in all and by side (client's node, server's node);
+    (perf stat -e raw_syscalls:sys_enter,task-clock -p <pids>), their user and system CPU
+    time per GiB (/proc/<pid>/stat), in all and by side (client's node, server's node), and
+    their voluntary context switches (sleeps and wake-ups) per MiB;
   - --rtts round trips of 1 KiB: syscalls per round trip, and the calls that make them; then
     again, the user and system CPU time of the two processes per round trip (/proc/<pid>/stat);
   - the same stream under perf record: the samples of the two processes by where they were
@@ -26,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import cluster as cb  # noqa: E402
-from benchlib import cpu_ticks  # noqa: E402
+from benchlib import cpu_ticks, voluntary_switches  # noqa: E402
 
 SYSCALLS = ["sendto", "recvfrom", "sendmsg", "recvmsg", "read", "write", "epoll_wait",
             "epoll_ctl", "ioctl"]
@@ -50,7 +52,7 @@ def sides(combo):
     """[client-side pid, server-side pid] of the path's two proxies or relays."""
     if combo.path == "bypass":
         return [str(node.proxy.pid) for node in combo.cluster.nodes[:2]]
-    p1, p2 = cb.FLOOR_PORTS["tlsfloor"]
+    p1, p2 = cb.FLOOR_PORTS[combo.path]
     return pids("sockmesh-loadgen relay --listen 127.0.0.1:%d " % p1) + pids(
         "sockmesh-loadgen relay --listen %s:%d " % (combo.server.ip, p2))
 
@@ -149,31 +151,34 @@ def main(argv):
     ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
     ap.add_argument("--mib", type=int, default=1024)
     ap.add_argument("--rtts", type=int, default=20000)
+    ap.add_argument("--paths", default="bypass,tlsfloor,h2floor",
+                    help="bypass and the floor rows to profile (tlsfloor, h2floor)")
     o = ap.parse_args(argv)
     bench = cb.ClusterBench(cb.parse_args(["--build-dir", o.build_dir, "--paths",
-                                           "bypass,tlsfloor", "--topologies", "cross",
+                                           o.paths, "--topologies", "cross",
                                            "--reps", "1", "--first-byte-conns", "0"]))
     rows = []
     try:
         bench.setup()
         for combo in bench.combos:
-            procs = pids("sockmesh-proxy --node" if combo.path == "bypass"
-                         else "sockmesh-loadgen relay --listen")
+            side_pids = sides(combo)
+            procs = side_pids
             stream = lambda: bench.throughput(combo, o.mib << 20, 1)  # noqa: E731
             rtts = lambda: bench.pingpong(combo, o.rtts, 100)  # noqa: E731
             stream_split = []
 
-            side_pids = sides(combo)
-
             def measured_stream():
                 c0 = cb.cgroup_cpu_seconds(combo.cluster.cgroup)  # noqa: B023
                 t0 = [cpu_ticks([pid]) for pid in side_pids]  # noqa: B023
+                v0 = [voluntary_switches(int(pid)) for pid in side_pids]  # noqa: B023
                 user, system = cpu_split(procs, stream)  # noqa: B023
+                switches = [voluntary_switches(int(pid)) - v
+                            for pid, v in zip(side_pids, v0)]  # noqa: B023
                 whole = cb.cgroup_cpu_seconds(combo.cluster.cgroup) - c0  # noqa: B023
                 hz = os.sysconf("SC_CLK_TCK")
                 per_side = [tuple((b - a) / hz for a, b in zip(t, cpu_ticks([pid])))
                             for t, pid in zip(t0, side_pids)]  # noqa: B023
-                stream_split.append((user, system, whole, per_side))
+                stream_split.append((user, system, whole, per_side, switches))
 
             s = perf_stat(procs, ["raw_syscalls:sys_enter", "task-clock"], measured_stream)
             r = perf_stat(procs, ["syscalls:sys_enter_" + c for c in SYSCALLS], rtts)
@@ -183,11 +188,12 @@ def main(argv):
             rows.append((combo.path, s, r, places, split, stream_split[0], traced))
     finally:
         bench.cleanup()
-    names = {"bypass": "(2) sockmesh proxies", "tlsfloor": "(t) TLS floor relays"}
+    names = {"bypass": "(2) sockmesh proxies", "tlsfloor": "(t) TLS floor relays",
+             "h2floor": "(th) HTTP/2 floor relays"}
     print("\n| | syscalls / MiB | task-clock ms / GiB | CPU ms / GiB: user | system | "
           "apps and the rest | syscalls / round trip | CPU µs / round trip: user | system |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for path, s, r, _, (user, system), (s_user, s_system, s_whole, _), _ in rows:
+    for path, s, r, _, (user, system), (s_user, s_system, s_whole, _, _), _ in rows:
         per_rt = sum(r.values()) / o.rtts
         per_gib = 1e3 * 1024 / o.mib
         print("| %s | %.1f | %.0f | %.0f | %.0f | %.0f | %.1f | %.1f | %.1f |" % (
@@ -201,12 +207,16 @@ def main(argv):
           "server apps and the softirq work charged to them.")
     print("\nThe stream's CPU by side, ms per GiB (client side: node-a's proxy, or the relay in "
           "the client pod; server side: node-b's proxy, or the relay in the server pod):\n")
-    print("| | client side: user | system | server side: user | system |")
-    print("|---|---:|---:|---:|---:|")
-    for path, _, _, _, _, (_, _, _, per_side), _ in rows:
+    print("| | client side: user | system | sleeps / MiB | server side: user | system | "
+          "sleeps / MiB |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for path, _, _, _, _, (_, _, _, per_side, switches), _ in rows:
         per_gib = 1e3 * 1024 / o.mib
         print("| %s | %s |" % (names[path], " | ".join(
-            "%.0f | %.0f" % (u * per_gib, k * per_gib) for u, k in per_side)))
+            "%.0f | %.0f | %.1f" % (u * per_gib, k * per_gib, v / o.mib)
+            for (u, k), v in zip(per_side, switches))))
+    print("\nsleeps / MiB: the process's voluntary context switches (all threads) during the "
+          "stream, per MiB: each one a wait in epoll_wait (or a lock) and a wake-up.")
     print("\nCalls per round trip:")
     for path, _, r, _, _, _, _ in rows:
         print("- %s: %s" % (names[path], ", ".join(
