@@ -593,6 +593,10 @@ class ClusterBench:
                 "tp8_all": [t["gbps"] for t in r["tp8"]],
                 "p50_all": [p["p50_us"] for p in r["pp"]],
                 "cpu_rt_all": [p["cpu_us_per_rt"] for p in r["pp"]],
+                # one figure per repetition: its 1-stream and its N-stream run together
+                "cpu_gb_all": [(a["cgroup_cpu_s"] + b["cgroup_cpu_s"]) /
+                               ((a["bytes"] + b["bytes"]) / GB)
+                               for a, b in zip(r["tp1"], r["tp8"])],
                 "rss_mib": (sum(rss[x.path].values()) / 1024.0) if x.path in rss else None,
             }
         return s
@@ -657,15 +661,17 @@ class ClusterBench:
                          for k, v in rss.items()))
             L.append("")
         L.append("Per-repetition figures (1 stream Gbit/s | %d streams Gbit/s | RTT p50 µs | "
-                 "CPU µs per round trip):" % o.streams)
+                 "CPU µs per round trip | CPU s/GB of the repetition's two throughput runs):"
+                 % o.streams)
         L.append("")
         for x in self.combos:
             v = s[x.key]
-            L.append("- %s: %s | %s | %s | %s" % (
+            L.append("- %s: %s | %s | %s | %s | %s" % (
                 x.key, ", ".join("%.2f" % g for g in v["tp1_all"]),
                 ", ".join("%.2f" % g for g in v["tp8_all"]),
                 ", ".join("%.1f" % g for g in v["p50_all"]),
-                ", ".join("%.1f" % g for g in v["cpu_rt_all"])))
+                ", ".join("%.1f" % g for g in v["cpu_rt_all"]),
+                ", ".join("%.2f" % g for g in v["cpu_gb_all"])))
         L.append("")
         L.append("Datapath evidence over the measured repetitions (counter deltas, both nodes):")
         L.append("")
@@ -762,21 +768,32 @@ class ClusterBench:
                          "met" if r >= TARGET_PASSTHROUGH_VS_NOMESH else "NOT met", self.o.streams,
                          100 * v["tp8"] / base["tp8"], pr.get("splice", 0), pr.get("copy", 0))
                      + floor_note)
+
+        def rep_ratios(a, b):
+            """CPU s/GB of a over b, repetition by repetition (each pair ran in one round of the
+            interleaving): the spread says how far one run's ratio can be trusted."""
+            r = sorted(x / y for x, y in zip(a["cpu_gb_all"], b["cpu_gb_all"]) if y > 0)
+            if not r:
+                return "by repetition: none"
+            return "by repetition %.2f–%.2f×, median %.2f×" % (r[0], r[-1],
+                                                              statistics.median(r))
+
         v, t = s.get("bypass/cross"), s.get("tlsfloor/cross")
         if v is not None and t is not None:
             d = v["p50"] - t["p50"]
             c = v["cpu_per_gb"] / t["cpu_per_gb"]
             L.append("- Sockmesh (2) across nodes against the TLS floor (t): 1 KiB RTT p50 %.1f "
                      "against %.1f µs, %+.1f µs (target within %.0f µs: %s); p99 %+.1f µs; CPU "
-                     "s/GB %.2f against %.2f = %.2f× (target ≤ %.2g: %s); 1 stream %.2f against "
+                     "s/GB %.2f against %.2f = %.2f× (%s; target ≤ %.2g: %s); 1 stream %.2f against "
                      "%.2f Gbit/s. CPU per round trip (all processes of the path, kernel "
                      "included): %.1f against %.1f µs, %+.1f µs: on 2 CPUs a round trip is "
                      "mostly CPU time, so the RTT gap follows this one." % (
                          v["p50"], t["p50"], d, TARGET_RTT_OVER_TLS_FLOOR_US,
                          "met" if d <= TARGET_RTT_OVER_TLS_FLOOR_US else "NOT met",
                          v["p99"] - t["p99"], v["cpu_per_gb"], t["cpu_per_gb"], c,
-                         TARGET_CPU_VS_TLS_FLOOR, "met" if c <= TARGET_CPU_VS_TLS_FLOOR else
-                         "NOT met", v["tp1"], t["tp1"], v["cpu_us_per_rt"], t["cpu_us_per_rt"],
+                         rep_ratios(v, t), TARGET_CPU_VS_TLS_FLOOR,
+                         "met" if c <= TARGET_CPU_VS_TLS_FLOOR else "NOT met", v["tp1"], t["tp1"],
+                         v["cpu_us_per_rt"], t["cpu_us_per_rt"],
                          v["cpu_us_per_rt"] - t["cpu_us_per_rt"]))
         n = s.get("nosrcip/cross")
         if v is not None and n is not None:
@@ -795,20 +812,21 @@ class ClusterBench:
         h = s.get("h2floor/cross")
         if h is not None and t is not None:
             L.append("- (t) → (th), what HBONE's HTTP/2 framing adds to mTLS at its least (nghttp2, "
-                     "no proxy around it): RTT p50 %+.1f µs, CPU s/GB %.2f → %.2f (%+.0f%%), 1 "
-                     "stream %.2f → %.2f Gbit/s." % (
+                     "no proxy around it): RTT p50 %+.1f µs, CPU s/GB %.2f → %.2f (%+.0f%%; "
+                     "(th) over (t) %s), 1 stream %.2f → %.2f Gbit/s." % (
                          h["p50"] - t["p50"], t["cpu_per_gb"], h["cpu_per_gb"],
-                         100 * (h["cpu_per_gb"] / t["cpu_per_gb"] - 1), t["tp1"], h["tp1"]))
+                         100 * (h["cpu_per_gb"] / t["cpu_per_gb"] - 1), rep_ratios(h, t),
+                         t["tp1"], h["tp1"]))
         if h is not None:
             for key, label in (("bypass", "(2)"), ("nosrcip", "(2n)")):
                 x = s.get(key + "/cross")
                 if x is None:
                     continue
                 L.append("- Sockmesh %s against the HTTP/2 floor (th): CPU s/GB %.2f against %.2f "
-                         "= %.2f×; RTT p50 %+.1f µs; 1 stream %.2f against %.2f Gbit/s." % (
+                         "= %.2f× (%s); RTT p50 %+.1f µs; 1 stream %.2f against %.2f Gbit/s." % (
                              label, x["cpu_per_gb"], h["cpu_per_gb"],
-                             x["cpu_per_gb"] / h["cpu_per_gb"], x["p50"] - h["p50"], x["tp1"],
-                             h["tp1"]))
+                             x["cpu_per_gb"] / h["cpu_per_gb"], rep_ratios(x, h),
+                             x["p50"] - h["p50"], x["tp1"], h["tp1"]))
         if L:
             L.append("")
             L.append("(f), (t) and (th) are `sockmesh-loadgen relay` (one epoll thread; (t) with "
