@@ -156,12 +156,14 @@ static __always_inline void sm_raise_mss(struct __sk_buff* skb, const struct sm_
   if (bpf_ntohs(old_mss) >= SM_LOCAL_HOP_MSS) return;
   __be16 new_mss = bpf_htons(SM_LOCAL_HOP_MSS);
   /* The checksum first: for a packet whose checksum is still to be computed (CHECKSUM_PARTIAL,
-   * as TCP's own are) the helper leaves it alone, as it must. */
-  if (bpf_l4_csum_replace(skb, tcp + __builtin_offsetof(struct tcphdr, check), old_mss, new_mss,
-                          sizeof(new_mss)) < 0) {
+   * as TCP's own are) the helper leaves it alone, as it must. If the store then fails (the skb
+   * could not be made writable that far), the checksum is put back: the packet leaves as it came. */
+  __u32 check = tcp + __builtin_offsetof(struct tcphdr, check);
+  if (bpf_l4_csum_replace(skb, check, old_mss, new_mss, sizeof(new_mss)) < 0) return;
+  if (bpf_skb_store_bytes(skb, at + 2, &new_mss, sizeof(new_mss), 0) < 0) {
+    bpf_l4_csum_replace(skb, check, new_mss, old_mss, sizeof(new_mss));
     return;
   }
-  if (bpf_skb_store_bytes(skb, at + 2, &new_mss, sizeof(new_mss), 0) < 0) return;
   sm_count(SM_CNT_MSS_RAISED);
 }
 
