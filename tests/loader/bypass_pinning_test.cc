@@ -510,11 +510,7 @@ TEST_F(StackPinningTest, TheRelayPinsTheAppFlowWhenItsUpstreamStalls) {
   EXPECT_EQ(writer.offset, stream.size());
   EXPECT_EQ(checked, writer.offset) << "first difference or loss at this offset";
   EXPECT_NE(metrics.render().find("sockmesh_bypass_flows_pinned_total 1\n"), std::string::npos)
-      << "pinned once";
-  // Reading paused again while the rest went through (the upstream's reader lags the app), but
-  // the handler runs once: after it, a full read costs no unread-bytes ioctl either.
-  std::cout << "[ measured ] handler runs over the whole stream: " << pauses.load() << "\n";
-  EXPECT_EQ(pauses.load(), 1) << "the relay runs its pause handler once";
+      << "pinned once, however many pauses";
 
   app.reset();
   server.reset();

@@ -2,8 +2,6 @@
 
 #include <sys/socket.h>
 
-#include <utility>
-
 #include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
 
@@ -85,12 +83,12 @@ void TcpRelay::pump(Direction& d, bool a_to_b) {
     if (written == n) {
       // Keeping up with every write, but perhaps not with the peer: far behind is a pause too.
       if (d.read_paused && n == d.buffer.size() && unread_bytes(*d.from) > kMaxUnreadBeforePause) {
-        std::exchange(d.read_paused, nullptr)();
+        d.read_paused();
         if (finished_) return;
       }
       continue;
     }
-    if (d.read_paused) std::exchange(d.read_paused, nullptr)();
+    if (d.read_paused) d.read_paused();
     if (finished_) return;  // the handler may abort the relay
     boost::asio::async_write(
         *d.to, boost::asio::buffer(d.buffer.data() + written, n - written),

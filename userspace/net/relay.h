@@ -33,10 +33,9 @@ class TcpRelay : public std::enable_shared_from_this<TcpRelay> {
   using ReadPaused = std::function<void()>;
 
   TcpRelay(Tcp::socket a, Tcp::socket b, size_t buffer_bytes = kRelayBufferBytes);
-  // Optional, before start(): run the first time reading `a` (resp. `b`) pauses, or falls more
-  // than kMaxUnreadBeforePause behind; once only, since its owner pushes back for good (it pins
-  // the flow to the stack), and from then on full reads skip the unread-bytes check. For a sender
-  // whose bytes do not wait for our reads (a sockmap redirect), so that its owner can push back.
+  // Optional, before start(): run each time reading `a` (resp. `b`) pauses, or falls more than
+  // kMaxUnreadBeforePause behind. For a sender whose bytes do not wait for our reads (a sockmap
+  // redirect), so that its owner can push back.
   void on_read_paused(ReadPaused a, ReadPaused b);
   void start(Done done, Progress progress = nullptr);
   // Resets both sides now (e.g. policy revoked the connection).
@@ -49,7 +48,7 @@ class TcpRelay : public std::enable_shared_from_this<TcpRelay> {
     Bytes buffer;  // allocated only while data moves
     uint64_t bytes = 0;
     bool done = false;
-    ReadPaused read_paused;  // `from` is no longer read; emptied when it runs
+    ReadPaused read_paused;  // `from` is no longer read
   };
   void pump(Direction& d, bool a_to_b);
   // Counts `n` bytes written; false when the progress handler aborted the relay.

@@ -1,7 +1,6 @@
 #include "proxy/tunnel_relay.h"
 
 #include <span>
-#include <utility>
 
 #include "net/sockets.h"
 
@@ -80,13 +79,13 @@ void TunnelRelay::read_socket() {
     }
     if (stream_->above_high_watermark()) {
       paused_ = true;  // on_writable resumes
-      if (read_paused_) std::exchange(read_paused_, nullptr)();
+      if (read_paused_) read_paused_();
       return;
     }
     // Not paused, but far behind a bypassed app (its sends are queued without limit): the same.
     if (read_paused_ && n == net::kRelayBufferBytes &&
         net::unread_bytes(socket_) > net::kMaxUnreadBeforePause) {
-      std::exchange(read_paused_, nullptr)();
+      read_paused_();
     }
   }
   reading_ = true;

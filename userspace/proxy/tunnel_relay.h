@@ -33,11 +33,9 @@ class TunnelRelay : public std::enable_shared_from_this<TunnelRelay> {
   TunnelRelay(std::shared_ptr<Tcp::socket> socket, std::shared_ptr<h2::H2Stream> stream);
   // Takes over the stream's events at once; data that arrives before start() is held back.
   void attach();
-  // Optional, before start(): run the first time reading the socket pauses because the stream is
-  // above its high watermark, or falls more than net::kMaxUnreadBeforePause behind; once only (its
-  // owner pins the flow to the stack for good), and from then on full reads skip the unread-bytes
-  // check. For a socket whose peer's bytes do not wait for our reads (a sockmap redirect into it),
-  // so that its owner can push back on that peer.
+  // Optional, before start(): run each time reading the socket pauses because the stream is above
+  // its high watermark, or falls more than net::kMaxUnreadBeforePause behind. For a socket whose peer's bytes do not wait for our reads (a sockmap
+  // redirect into it), so that its owner can push back on that peer.
   void on_read_paused(std::function<void()> handler) { read_paused_ = std::move(handler); }
   // Starts moving bytes (attaches first if needed).
   void start(Done done, Progress progress = nullptr);
