@@ -17,6 +17,10 @@ node-a ("same node"), for four paths, measured interleaved in one run:
   (2n) no source IP   as (2), across nodes only, with --preserve-source-ip false: the server's
                       proxy dials the app from its own address, so the app's replies are not
                       steered back to a transparent socket (what preserving the client's IP costs)
+  (2m) app MTU        as (2), across nodes only, with the client pod's TCP to the server app's
+                      port on a policy route of MTU 65520: the app sends in lo-sized segments, as
+                      the floor rows' apps do. A bound on what the app's own eth0 MSS costs (2),
+                      not a setting: safe only because every such packet is captured
   (3) no bypass       the same, on a cluster installed without the bypass (Cluster(bypass=False))
   (4) iptables        the same proxy and ZDS hand-over, but the pods' tc capture is detached after
                       enrollment and the pod netns gets Istio's iptables rules instead: nat OUTPUT
@@ -25,7 +29,7 @@ node-a ("same node"), for four paths, measured interleaved in one run:
                       app's replies to the proxy's source-preserving (transparent) socket back
                       over lo. The proxy takes the original destination from SO_ORIGINAL_DST.
 
-Each of (2), (2f), (2n), (3), (4) runs on a cluster of its own (so each has its own two node
+Each of (2), (2f), (2n), (2m), (3), (4) runs on a cluster of its own (so each has its own two node
 proxies); (1) shares the cluster of (4), which has no BPF on its pods' datapath once tc is
 detached.
 
@@ -76,6 +80,8 @@ PATHS = [
     ("bypass", "(2) sockmesh: tc + sockmap bypass"),
     ("nofast", "(2f) as (2), --same-node-fast-path false"),
     ("nosrcip", "(2n) as (2), --preserve-source-ip false"),
+    ("appmtu", "(2m) as (2), the client pod's route to the server app with MTU 65520: a bound, "
+               "not a setting"),
     ("nobypass", "(3) sockmesh: tc, no bypass"),
     ("iptables", "(4) sockmesh fed by iptables REDIRECT"),
     ("passthrough", "(5) passthrough: mesh client pod → pod not in the mesh"),
@@ -122,7 +128,17 @@ FIRST_BYTE_ROWS = [
 PROXY_FLAGS = {"nofast": ["--same-node-fast-path", "false"],
                "nosrcip": ["--preserve-source-ip", "false"]}
 # The clusters the loader's tc programs serve: their counters and their proxies' RSS are reported.
-TC_CLUSTER_PATHS = ("bypass", "nofast", "nosrcip", "nobypass", "iptables")
+TC_CLUSTER_PATHS = ("bypass", "nofast", "nosrcip", "appmtu", "nobypass", "iptables")
+# (2m): in its client pod, TCP to the server app's port takes a route of this MTU (policy routing,
+# table and priority below), so the app's socket sends in lo-sized segments as the floor rows'
+# apps do (their relay 1 is on the pod's lo). Every such packet is captured and bounced to the
+# proxy in the pod, never reaching eth0; that is what makes it safe here and nowhere else (a
+# product cannot tell captured flows from the rest at routing time). The row bounds what the
+# client app's own eth0 MSS costs (2), which tc cannot raise: it rewrites only what the proxy's
+# socket is offered.
+APP_MTU = 65520
+APP_MTU_TABLE = 21322
+APP_MTU_RULE_PRIORITY = 32700
 # The passthrough rows and the cluster each runs on: (5) with the sockmap bypass (the app's socket
 # is bypassed, so the proxy copies), (5s) without it (the proxy splices both ways), and their
 # baseline rows on the baseline's clusters.
@@ -309,9 +325,22 @@ class ClusterBench:
         pod.sh(["ip", "route", "add", "local", "0.0.0.0/0", "dev", "lo", "table",
                 str(IPT_ROUTE_TABLE)])
 
+    def app_mtu_route(self, client, server):
+        """(2m): the client pod's TCP to the server app's port routed with MTU APP_MTU."""
+        via = client.sh(["ip", "route", "get", server.ip]).split()
+        gw = via[via.index("via") + 1] if "via" in via else None
+        route = ["ip", "route", "add", "%s/32" % server.ip] + (["via", gw] if gw else []) + [
+            "dev", "eth0", "mtu", str(APP_MTU), "table", str(APP_MTU_TABLE)]
+        client.sh(route)
+        client.sh(["ip", "rule", "add", "ipproto", "tcp", "dport", str(SERVER_PORT), "lookup",
+                   str(APP_MTU_TABLE), "pref", str(APP_MTU_RULE_PRIORITY)])
+        log("  appmtu: %s routes tcp to %s:%d with mtu %d (table %d)" % (
+            client, server.ip, SERVER_PORT, APP_MTU, APP_MTU_TABLE))
+
     def setup(self):
         o = self.o
-        specs = [("bypass", True), ("nofast", True), ("nosrcip", True), ("nobypass", False),
+        specs = [("bypass", True), ("nofast", True), ("nosrcip", True), ("appmtu", True),
+                 ("nobypass", False),
                  ("iptables", False),
                  ("basebypass", True), ("basenobypass", False)]
         # (5) runs on (2)'s cluster, (5s) on (3)'s, (f) and (t) on the pods of (1) (the cluster
@@ -370,6 +399,8 @@ class ClusterBench:
                     for pod in (client, same, cross):
                         self.iptables_capture(pod)
                     log("  iptables: tc detached, REDIRECT rules in the 3 pods of (4)")
+                if key == "appmtu":
+                    self.app_mtu_route(client, cross)
                 if key in hosts:
                     mesh_client = client
                 for pod in (same, cross):
@@ -377,7 +408,7 @@ class ClusterBench:
                 for topo, server in (("cross", cross), ("same", same)):
                     # (2f) differs from (2) on the same node only.
                     if topo in o.topologies and (key != "nofast" or topo == "same") and \
-                            (key != "nosrcip" or topo == "cross") and \
+                            (key not in ("nosrcip", "appmtu") or topo == "cross") and \
                             key in o.paths:
                         self.combos.append(Combo(key, topo, c, client, server))
                 if key == "nomesh" and "ptfloor" in o.paths:
@@ -805,6 +836,17 @@ class ClusterBench:
                          n["p50"], v["p50"],
                          "" if t is None else " (2n) against (t): CPU s/GB %.2f×." % (
                              n["cpu_per_gb"] / t["cpu_per_gb"])))
+        m = s.get("appmtu/cross")
+        if v is not None and m is not None:
+            L.append("- (2m) → (2), what the client app's own eth0 MSS costs across nodes (tc raises "
+                     "only what the proxy's socket is offered; the floor rows' apps talk to relay "
+                     "1 over lo): CPU s/GB %.2f → %.2f (%+.0f%%; (2) over (2m) %s), 1 stream %.2f "
+                     "→ %.2f Gbit/s, RTT p50 %.1f → %.1f µs.%s" % (
+                         m["cpu_per_gb"], v["cpu_per_gb"],
+                         100 * (v["cpu_per_gb"] / m["cpu_per_gb"] - 1), rep_ratios(v, m),
+                         m["tp1"], v["tp1"], m["p50"], v["p50"],
+                         "" if t is None else " (2m) against (t): CPU s/GB %.2f×." % (
+                             m["cpu_per_gb"] / t["cpu_per_gb"])))
         f = s.get("floor/cross")
         if f is not None and t is not None:
             L.append("- (f) → (t), what mTLS 1.3 alone costs across nodes: RTT p50 %+.1f µs, CPU "
@@ -818,7 +860,7 @@ class ClusterBench:
                          100 * (h["cpu_per_gb"] / t["cpu_per_gb"] - 1), rep_ratios(h, t),
                          t["tp1"], h["tp1"]))
         if h is not None:
-            for key, label in (("bypass", "(2)"), ("nosrcip", "(2n)")):
+            for key, label in (("bypass", "(2)"), ("nosrcip", "(2n)"), ("appmtu", "(2m)")):
                 x = s.get(key + "/cross")
                 if x is None:
                     continue
@@ -856,7 +898,7 @@ class ClusterBench:
         topos = [t for t in TOPOLOGIES if any(x.topo == t[0] for x in self.combos)]
         paths = [p for p in PATHS if any(x.path == p[0] for x in self.combos)]
         colours = {"nomesh": "#8c8c8c", "bypass": "#2ca02c", "nofast": "#ff7f0e", "nosrcip": "#bcbd22",
-                   "nobypass": "#1f77b4",
+                   "appmtu": "#8c564b", "nobypass": "#1f77b4",
                    "iptables": "#d62728", "passthrough": "#9467bd", "ptsplice": "#c5b0d5", "ptfloor": "#e7e7e7", "floor": "#c7c7c7",
                    "tlsfloor": "#17becf", "h2floor": "#9edae5", "basebypass": "#98df8a", "basenobypass": "#aec7e8",
                    "basepassthrough": "#dbdb8d", "baseptsplice": "#f7b6d2"}
@@ -958,10 +1000,10 @@ def parse_args(argv):
     ap = bench_arguments(__doc__, ROOT, "smaller transfers and fewer round trips (about 2 min)",
                          "repetitions (default 3)", "MiB for the 1-stream run (8 streams: twice)")
     ap.add_argument("--paths",
-                    default="nomesh,bypass,nofast,nosrcip,nobypass,iptables,passthrough,ptsplice,"
-                    "ptfloor,floor,tlsfloor,h2floor",
-                    help="comma list of: nomesh, bypass, nofast (same node only), nosrcip (across "
-                    "nodes only), nobypass, "
+                    default="nomesh,bypass,nofast,nosrcip,appmtu,nobypass,iptables,passthrough,"
+                    "ptsplice,ptfloor,floor,tlsfloor,h2floor",
+                    help="comma list of: nomesh, bypass, nofast (same node only), nosrcip and "
+                    "appmtu (across nodes only), nobypass, "
                     "iptables, passthrough, ptsplice, ptfloor, floor, tlsfloor and h2floor (the "
                     "last three across nodes only)")
     ap.add_argument("--topologies", default="cross,same", help="comma list of: cross, same")
