@@ -129,13 +129,8 @@ PROXY_FLAGS = {"nofast": ["--same-node-fast-path", "false"],
                "nosrcip": ["--preserve-source-ip", "false"]}
 # The clusters the loader's tc programs serve: their counters and their proxies' RSS are reported.
 TC_CLUSTER_PATHS = ("bypass", "nofast", "nosrcip", "appmtu", "nobypass", "iptables")
-# (2m): in its client pod, TCP to the server app's port takes a route of this MTU (policy routing,
-# table and priority below), so the app's socket sends in lo-sized segments as the floor rows'
-# apps do (their relay 1 is on the pod's lo). Every such packet is captured and bounced to the
-# proxy in the pod, never reaching eth0; that is what makes it safe here and nowhere else (a
-# product cannot tell captured flows from the rest at routing time). The row bounds what the
-# client app's own eth0 MSS costs (2), which tc cannot raise: it rewrites only what the proxy's
-# socket is offered.
+# (2m), see the docstring: the route of the client pod's TCP to the server app's port. Safe here
+# only because tc bounces every such packet to the proxy in the pod before it leaves the pod.
 APP_MTU = 65520
 APP_MTU_TABLE = 21322
 APP_MTU_RULE_PRIORITY = 32700

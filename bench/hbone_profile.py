@@ -161,30 +161,29 @@ def main(argv):
     try:
         bench.setup()
         for combo in bench.combos:
-            side_pids = sides(combo)
-            procs = side_pids
+            procs = sides(combo)  # [client side, server side]
             stream = lambda: bench.throughput(combo, o.mib << 20, 1)  # noqa: E731
             rtts = lambda: bench.pingpong(combo, o.rtts, 100)  # noqa: E731
             stream_split = []
 
             def measured_stream():
                 c0 = cb.cgroup_cpu_seconds(combo.cluster.cgroup)  # noqa: B023
-                t0 = [cpu_ticks([pid]) for pid in side_pids]  # noqa: B023
-                v0 = [voluntary_switches(int(pid)) for pid in side_pids]  # noqa: B023
+                t0 = [cpu_ticks([pid]) for pid in procs]  # noqa: B023
+                v0 = [voluntary_switches(int(pid)) for pid in procs]  # noqa: B023
                 user, system = cpu_split(procs, stream)  # noqa: B023
                 switches = [voluntary_switches(int(pid)) - v
-                            for pid, v in zip(side_pids, v0)]  # noqa: B023
+                            for pid, v in zip(procs, v0)]  # noqa: B023
                 whole = cb.cgroup_cpu_seconds(combo.cluster.cgroup) - c0  # noqa: B023
                 hz = os.sysconf("SC_CLK_TCK")
                 per_side = [tuple((b - a) / hz for a, b in zip(t, cpu_ticks([pid])))
-                            for t, pid in zip(t0, side_pids)]  # noqa: B023
+                            for t, pid in zip(t0, procs)]  # noqa: B023
                 stream_split.append((user, system, whole, per_side, switches))
 
             s = perf_stat(procs, ["raw_syscalls:sys_enter", "task-clock"], measured_stream)
             r = perf_stat(procs, ["syscalls:sys_enter_" + c for c in SYSCALLS], rtts)
             split = cpu_split(procs, rtts)
             places = perf_places(procs, stream)
-            traced = perf_trace_times(side_pids, stream)
+            traced = perf_trace_times(procs, stream)
             rows.append((combo.path, s, r, places, split, stream_split[0], traced))
     finally:
         bench.cleanup()
