@@ -17,10 +17,10 @@ node-a ("same node"), for four paths, measured interleaved in one run:
   (2n) no source IP   as (2), across nodes only, with --preserve-source-ip false: the server's
                       proxy dials the app from its own address, so the app's replies are not
                       steered back to a transparent socket (what preserving the client's IP costs)
-  (2m) app MTU        as (2), across nodes only, with the client pod's TCP to the server app's
-                      port on a policy route of MTU 65520: the app sends in lo-sized segments, as
-                      the floor rows' apps do. A bound on what the app's own eth0 MSS costs (2),
-                      not a setting: safe only because every such packet is captured
+  (2m) eth0 MTU       as (2), across nodes only, with the agents' --no-app-route: the apps'
+                      sockets keep the pod's own routes, so the client app sends to its proxy in
+                      eth0-sized segments (in (2) sockops marks them as they connect and the
+                      pod's rule for the mark gives them a lo-sized MTU): what that route buys
   (3) no bypass       the same, on a cluster installed without the bypass (Cluster(bypass=False))
   (4) iptables        the same proxy and ZDS hand-over, but the pods' tc capture is detached after
                       enrollment and the pod netns gets Istio's iptables rules instead: nat OUTPUT
@@ -80,8 +80,7 @@ PATHS = [
     ("bypass", "(2) sockmesh: tc + sockmap bypass"),
     ("nofast", "(2f) as (2), --same-node-fast-path false"),
     ("nosrcip", "(2n) as (2), --preserve-source-ip false"),
-    ("appmtu", "(2m) as (2), the client pod's route to the server app with MTU 65520: a bound, "
-               "not a setting"),
+    ("appmtu", "(2m) as (2), --no-app-route: the apps' sockets keep eth0's MTU"),
     ("nobypass", "(3) sockmesh: tc, no bypass"),
     ("iptables", "(4) sockmesh fed by iptables REDIRECT"),
     ("passthrough", "(5) passthrough: mesh client pod → pod not in the mesh"),
@@ -124,16 +123,12 @@ FIRST_BYTE_ROWS = [
     ("coldpool", "(2e) sockmesh, the HBONE pool empty (TCP + mTLS handshake + CONNECT)"),
     ("tlsfloor", "(t) TLS floor relays (TCP + mTLS 1.3 handshake between the relays)"),
 ]
-# Proxy flags of the clusters that differ from (2) by one flag.
+# Proxy and agent flags of the clusters that differ from (2) by one flag.
 PROXY_FLAGS = {"nofast": ["--same-node-fast-path", "false"],
                "nosrcip": ["--preserve-source-ip", "false"]}
+AGENT_FLAGS = {"appmtu": ["--no-app-route"]}
 # The clusters the loader's tc programs serve: their counters and their proxies' RSS are reported.
 TC_CLUSTER_PATHS = ("bypass", "nofast", "nosrcip", "appmtu", "nobypass", "iptables")
-# (2m), see the docstring: the route of the client pod's TCP to the server app's port. Safe here
-# only because tc bounces every such packet to the proxy in the pod before it leaves the pod.
-APP_MTU = 65520
-APP_MTU_TABLE = 21322
-APP_MTU_RULE_PRIORITY = 32700
 # The passthrough rows and the cluster each runs on: (5) with the sockmap bypass (the app's socket
 # is bypassed, so the proxy copies), (5s) without it (the proxy splices both ways), and their
 # baseline rows on the baseline's clusters.
@@ -202,12 +197,13 @@ class ClusterBench:
         if time.time() - self.t0 > self.o.max_seconds:
             raise BenchError("over the time budget of %d s (--max-seconds)" % self.o.max_seconds)
 
-    def new_cluster(self, what, bypass, build=None, proxy_extra=()):
-        log("cluster for %s (bypass=%s%s%s): nodes, CNI, agents, proxies" % (
+    def new_cluster(self, what, bypass, build=None, proxy_extra=(), agent_extra=()):
+        log("cluster for %s (bypass=%s%s%s%s): nodes, CNI, agents, proxies" % (
             what, bypass, ", binaries of " + build if build else "",
-            ", proxies with " + " ".join(proxy_extra) if proxy_extra else ""))
+            ", proxies with " + " ".join(proxy_extra) if proxy_extra else "",
+            ", agents with " + " ".join(agent_extra) if agent_extra else ""))
         c = self.lib.Cluster(bypass=bypass, log=lambda m: log("  " + m), build=build,
-                             proxy_extra=proxy_extra)
+                             proxy_extra=proxy_extra, agent_extra=agent_extra)
         self.made.append(c)
         return c
 
@@ -320,18 +316,6 @@ class ClusterBench:
         pod.sh(["ip", "route", "add", "local", "0.0.0.0/0", "dev", "lo", "table",
                 str(IPT_ROUTE_TABLE)])
 
-    def app_mtu_route(self, client, server):
-        """(2m): the client pod's TCP to the server app's port routed with MTU APP_MTU."""
-        via = client.sh(["ip", "route", "get", server.ip]).split()
-        gw = via[via.index("via") + 1] if "via" in via else None
-        route = ["ip", "route", "add", "%s/32" % server.ip] + (["via", gw] if gw else []) + [
-            "dev", "eth0", "mtu", str(APP_MTU), "table", str(APP_MTU_TABLE)]
-        client.sh(route)
-        client.sh(["ip", "rule", "add", "ipproto", "tcp", "dport", str(SERVER_PORT), "lookup",
-                   str(APP_MTU_TABLE), "pref", str(APP_MTU_RULE_PRIORITY)])
-        log("  appmtu: %s routes tcp to %s:%d with mtu %d (table %d)" % (
-            client, server.ip, SERVER_PORT, APP_MTU, APP_MTU_TABLE))
-
     def setup(self):
         o = self.o
         specs = [("bypass", True), ("nofast", True), ("nosrcip", True), ("appmtu", True),
@@ -353,7 +337,7 @@ class ClusterBench:
                 continue
             self.check_budget()
             c = self.new_cluster(path, bypass, o.baseline_build if path in BASELINE_PATHS else None,
-                                 PROXY_FLAGS.get(path, ()))
+                                 PROXY_FLAGS.get(path, ()), AGENT_FLAGS.get(path, ()))
             if path == "iptables":
                 c.label_namespace("plain", False)
             if path in hosts:
@@ -394,8 +378,6 @@ class ClusterBench:
                     for pod in (client, same, cross):
                         self.iptables_capture(pod)
                     log("  iptables: tc detached, REDIRECT rules in the 3 pods of (4)")
-                if key == "appmtu":
-                    self.app_mtu_route(client, cross)
                 if key in hosts:
                     mesh_client = client
                 for pod in (same, cross):
@@ -833,10 +815,10 @@ class ClusterBench:
                              n["cpu_per_gb"] / t["cpu_per_gb"])))
         m = s.get("appmtu/cross")
         if v is not None and m is not None:
-            L.append("- (2m) → (2), what the client app's own eth0 MSS costs across nodes (tc raises "
-                     "only what the proxy's socket is offered; the floor rows' apps talk to relay "
-                     "1 over lo): CPU s/GB %.2f → %.2f (%+.0f%%; (2) over (2m) %s), 1 stream %.2f "
-                     "→ %.2f Gbit/s, RTT p50 %.1f → %.1f µs.%s" % (
+            L.append("- (2m) → (2), what the apps' lo-sized route buys across nodes (the client "
+                     "app sends to its proxy in 65K segments instead of eth0's, as the floor rows' "
+                     "apps do to relay 1 over lo): CPU s/GB %.2f → %.2f (%+.0f%%; (2) over (2m) "
+                     "%s), 1 stream %.2f → %.2f Gbit/s, RTT p50 %.1f → %.1f µs.%s" % (
                          m["cpu_per_gb"], v["cpu_per_gb"],
                          100 * (v["cpu_per_gb"] / m["cpu_per_gb"] - 1), rep_ratios(v, m),
                          m["tp1"], v["tp1"], m["p50"], v["p50"],

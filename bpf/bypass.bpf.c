@@ -33,6 +33,8 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /* Knobs set by the loader before load. */
 const volatile bool cfg_bypass = true; /* false: sockops inserts nothing, sk_msg always passes */
+/* false: enrolled apps' sockets keep the pod's own routes (no SM_MARK_APP_ROUTE) */
+const volatile bool cfg_app_route = true;
 
 /* Every byte of `out` is written, `reserved` too: it is a map key, and the verifier accepted this
  * program with that field unwritten (stack bytes the program never wrote hold whatever the kernel
@@ -161,10 +163,31 @@ static __always_inline void sm_forget(struct bpf_sock_ops* ops) {
   bpf_map_delete_elem(&sm_stack_flows, &key);
 }
 
+/* An enrolled app's socket about to send its SYN (see SM_MARK_APP_ROUTE). TCP_CONNECT_CB runs at
+ * the start of tcp_connect(), before the socket's route is rebuilt and its MSS derived from that
+ * route; a new mark drops the cached route (sk_dst_reset), so both follow the mark's rule. A
+ * socket that already has a mark is left alone: the proxy's own, or an app's that routes by it. */
+static __always_inline void sm_route_app_socket(struct bpf_sock_ops* ops) {
+  struct bpf_sock* sk = ops->sk;
+  if (!sk || sk->mark != 0) return;
+  struct sm_flow_key key = {};
+  if (sm_flow_from_sockops(ops, &key) < 0) return;
+  struct sm_workload* wl = sm_workload_of(&key.local);
+  if (!wl || !(wl->flags & SM_WL_ENROLLED) || wl->netns_cookie != key.netns) return;
+  int mark = SM_MARK_APP_ROUTE;
+  if (bpf_setsockopt(ops, SM_SOL_SOCKET, SM_SO_MARK, &mark, sizeof(mark)) == 0) {
+    sm_count(SM_CNT_APP_ROUTED);
+  }
+}
+
 SEC("sockops")
 int sm_sockops(struct bpf_sock_ops* ops) {
-  if (!cfg_bypass) return 1;
   __u32 op = ops->op;
+  if (op == BPF_SOCK_OPS_TCP_CONNECT_CB) {
+    if (cfg_app_route) sm_route_app_socket(ops);
+    return 1;
+  }
+  if (!cfg_bypass) return 1;
   struct sm_flow_key key = {};
   if (op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB) {
     if (sm_flow_from_sockops(ops, &key) < 0 || !sm_active_has_local_peer(ops, &key)) return 1;

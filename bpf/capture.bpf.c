@@ -32,11 +32,17 @@
  * the MSS of the app's route to the remote address (eth0's, 1460 or less), and the proxy's socket
  * would then send to the app in segments of that size over lo (65536). tc raises that MSS option
  * to SM_LOCAL_HOP_MSS as it bounces the packet: the proxy's socket, whose route to the app is
- * local, sends large segments (its own path MTU still clamps them); the app's socket is untouched.
+ * local, sends large segments (its own path MTU still clamps them). The app's own socket caps its
+ * segments at its route's MTU; sockops marks an enrolled app's socket as it connects
+ * (SM_MARK_APP_ROUTE), and the pod's rule for that mark gives it the pod's routes with a lo-sized
+ * MTU, so that it sends large segments too. Such a socket's SYN can still reach the wire (the
+ * proxy's listener missing under fail-open), so every SYN and SYN-ACK passing between eth0 and the
+ * wire, either way, has its MSS lowered to what eth0's MTU carries (MTU less 40, 60 over IPv6):
+ * the app and a peer out there agree on segments eth0 takes, as with TCPMSS --clamp-mss-to-pmtu.
  * Only the first option is looked at, where Linux and the other common stacks put MSS.
  *
- * Counters: each program run counts exactly one decision (see enum sm_counter); tc_payload and
- * mss_raised count what a bounce also did. */
+ * Counters: each program run counts exactly one decision (see enum sm_counter); tc_payload,
+ * mss_raised and mss_clamped count what a bounce or a pass also did. */
 #include "lib/packet.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -140,31 +146,68 @@ static __always_inline bool sm_has_listener(const struct sm_ip* pod_ip, __u32 ki
 #define SM_TCPOPT_MSS 2
 #define SM_TCPOLEN_MSS 4
 
-/* See "MSS" at the top of this file. Leaves the packet as it was when anything does not fit. */
-static __always_inline void sm_raise_mss(struct __sk_buff* skb, const struct sm_packet* pkt) {
-  if (pkt->protocol != SM_IPPROTO_TCP || !(pkt->tcp_flags & SM_TCP_SYN)) return;
+/* The MSS option of a SYN or SYN-ACK, when it is the first option: its offset in the frame, and
+ * its value in *mss (network order). 0 when the packet has no such option. */
+static __always_inline __u32 sm_mss_option(struct __sk_buff* skb, const struct sm_packet* pkt,
+                                           __be16* mss) {
+  if (pkt->protocol != SM_IPPROTO_TCP || !(pkt->tcp_flags & SM_TCP_SYN)) return 0;
   __u32 tcp = pkt->l4_offset;
   __u8 doff = 0;
-  if (bpf_skb_load_bytes(skb, tcp + 12, &doff, 1) < 0) return;
-  if ((doff >> 4) * 4 < sizeof(struct tcphdr) + SM_TCPOLEN_MSS) return;
+  if (bpf_skb_load_bytes(skb, tcp + 12, &doff, 1) < 0) return 0;
+  if ((doff >> 4) * 4 < sizeof(struct tcphdr) + SM_TCPOLEN_MSS) return 0;
   __u8 opt[SM_TCPOLEN_MSS];
   __u32 at = tcp + sizeof(struct tcphdr);
-  if (bpf_skb_load_bytes(skb, at, opt, sizeof(opt)) < 0) return;
-  if (opt[0] != SM_TCPOPT_MSS || opt[1] != SM_TCPOLEN_MSS) return;
-  __be16 old_mss;
-  __builtin_memcpy(&old_mss, &opt[2], 2);
-  if (bpf_ntohs(old_mss) >= SM_LOCAL_HOP_MSS) return;
-  __be16 new_mss = bpf_htons(SM_LOCAL_HOP_MSS);
-  /* The checksum first: for a packet whose checksum is still to be computed (CHECKSUM_PARTIAL,
-   * as TCP's own are) the helper leaves it alone, as it must. If the store then fails (the skb
-   * could not be made writable that far), the checksum is put back: the packet leaves as it came. */
-  __u32 check = tcp + __builtin_offsetof(struct tcphdr, check);
-  if (bpf_l4_csum_replace(skb, check, old_mss, new_mss, sizeof(new_mss)) < 0) return;
-  if (bpf_skb_store_bytes(skb, at + 2, &new_mss, sizeof(new_mss), 0) < 0) {
-    bpf_l4_csum_replace(skb, check, new_mss, old_mss, sizeof(new_mss));
-    return;
+  if (bpf_skb_load_bytes(skb, at, opt, sizeof(opt)) < 0) return 0;
+  if (opt[0] != SM_TCPOPT_MSS || opt[1] != SM_TCPOLEN_MSS) return 0;
+  __builtin_memcpy(mss, &opt[2], 2);
+  return at + 2;
+}
+
+/* Writes `to` over the MSS at `at` (from sm_mss_option). The checksum first: for a packet whose
+ * checksum is still to be computed (CHECKSUM_PARTIAL, as TCP's own are) the helper leaves it
+ * alone, as it must. If the store then fails (the skb could not be made writable that far), the
+ * checksum is put back: the packet leaves as it came. */
+static __always_inline bool sm_write_mss(struct __sk_buff* skb, const struct sm_packet* pkt,
+                                         __u32 at, __be16 from, __u16 to) {
+  __be16 new_mss = bpf_htons(to);
+  __u32 check = pkt->l4_offset + __builtin_offsetof(struct tcphdr, check);
+  if (bpf_l4_csum_replace(skb, check, from, new_mss, sizeof(new_mss)) < 0) return false;
+  if (bpf_skb_store_bytes(skb, at, &new_mss, sizeof(new_mss), 0) < 0) {
+    bpf_l4_csum_replace(skb, check, new_mss, from, sizeof(new_mss));
+    return false;
   }
-  sm_count(SM_CNT_MSS_RAISED);
+  return true;
+}
+
+/* See "MSS" at the top of this file: a packet bounced to a proxy socket offers the local hop's. */
+static __always_inline void sm_raise_mss(struct __sk_buff* skb, const struct sm_packet* pkt) {
+  __be16 old_mss = 0;
+  __u32 at = sm_mss_option(skb, pkt, &old_mss);
+  if (!at || bpf_ntohs(old_mss) >= SM_LOCAL_HOP_MSS) return;
+  if (sm_write_mss(skb, pkt, at, old_mss, SM_LOCAL_HOP_MSS)) sm_count(SM_CNT_MSS_RAISED);
+}
+
+/* See "MSS" at the top of this file: a SYN or SYN-ACK between eth0 and the wire offers no more
+ * than eth0's MTU carries. */
+static __always_inline void sm_clamp_mss(struct __sk_buff* skb, const struct sm_packet* pkt) {
+  __be16 old_mss = 0;
+  __u32 at = sm_mss_option(skb, pkt, &old_mss);
+  if (!at) return;
+  /* The MTU of the device the packet is on (ifindex 0), written whatever the verdict. */
+  __u32 mtu = 0;
+  if (bpf_check_mtu(skb, 0, &mtu, 0, 0) < 0) return;
+  __u32 headers = pkt->is_v6 ? 60 : 40;
+  if (mtu <= headers) return;
+  __u32 most = mtu - headers;
+  if (bpf_ntohs(old_mss) <= most) return;
+  if (sm_write_mss(skb, pkt, at, old_mss, (__u16)most)) sm_count(SM_CNT_MSS_CLAMPED);
+}
+
+/* A packet of an enrolled pod that leaves for the wire untouched, but for its MSS. */
+static __always_inline int sm_pass_to_wire(struct __sk_buff* skb, const struct sm_packet* pkt) {
+  sm_clamp_mss(skb, pkt);
+  sm_count(SM_CNT_PASSED);
+  return SM_TC_ACT_OK;
 }
 
 static __always_inline int sm_bounce_to_ingress(struct __sk_buff* skb, struct sm_packet* pkt) {
@@ -218,7 +261,11 @@ int sm_tc_egress(struct __sk_buff* skb) {
     if (sm_is_dns_query(&pkt, wl) && sm_has_listener(&pkt.src, SM_LISTENER_DNS_TCP)) {
       return sm_bounce_to_ingress(skb, &pkt);
     }
-    if (!sm_has_listener(&pkt.src, SM_LISTENER_OUTBOUND)) return sm_no_listener();
+    if (!sm_has_listener(&pkt.src, SM_LISTENER_OUTBOUND)) {
+      int verdict = sm_no_listener();
+      if (verdict == SM_TC_ACT_OK) sm_clamp_mss(skb, &pkt);
+      return verdict;
+    }
     return sm_bounce_to_ingress(skb, &pkt);
   }
 
@@ -226,8 +273,7 @@ int sm_tc_egress(struct __sk_buff* skb) {
    * (its accepted transparent socket, or its transparent connection to the app for inbound).
    * Flows that predate enrollment find no local socket and go to the wire as before. */
   if (sm_flow_is_known(sm_known_socket_state(skb, &pkt))) return sm_bounce_to_ingress(skb, &pkt);
-  sm_count(SM_CNT_PASSED);
-  return SM_TC_ACT_OK;
+  return sm_pass_to_wire(skb, &pkt);
 }
 
 /* A bounced UDP datagram: a DNS query (egress bounces nothing else of UDP) for the proxy's DNS
@@ -297,6 +343,8 @@ static __always_inline int sm_ingress_from_wire(struct __sk_buff* skb, struct sm
     sm_count(SM_CNT_NOT_ENROLLED);
     return SM_TC_ACT_OK;
   }
+  /* Whatever happens to it next, a SYN or SYN-ACK from the wire offers no more than eth0 takes. */
+  sm_clamp_mss(skb, pkt);
   if (!(wl->flags & SM_WL_CAPTURE_INBOUND) || sm_is_proxy_port(pkt->dport) ||
       !sm_tcp_flags_is_syn(pkt->tcp_flags)) {
     sm_count(SM_CNT_PASSED);

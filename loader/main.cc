@@ -32,10 +32,12 @@ constexpr char kUsage[] =
     R"(usage: sockmesh-loader [--pin-root DIR] [--log-level LEVEL] COMMAND [OPTIONS]
 
 commands:
-  install     [--cgroup DIR] [--no-bypass] [--fail-open]
+  install     [--cgroup DIR] [--no-bypass] [--fail-open] [--no-app-route]
               load the programs, pin maps and programs under the pin root (default
               /sys/fs/bpf/sockmesh; bpffs is mounted if needed), attach sockops to the cgroup v2
               DIR (default: the cgroup2 mount's root) and sk_msg to the bypass map. Idempotent.
+              --no-app-route: enrolled apps' sockets keep the pod's routes, whose MTU (eth0's)
+              then caps the segments they send to the proxy.
   uninstall   [--force]
               detach and unpin everything; refuses while pods are enrolled unless --force.
   status      what is loaded, attached and enrolled, and the counters.
@@ -49,7 +51,8 @@ commands:
   run         [--run-dir DIR] [--labels-from kubernetes|config|auto] [--config FILE]
               [--kubeconfig FILE] [--node NAME] [--exclude-namespaces NS,...]
               [--trust-domain TD] [--zds-socket PATH] [--no-install] [--cgroup DIR]
-              [--no-bypass] [--fail-open] [--capture-node-traffic] [--probe-cgroup PATH]
+              [--no-bypass] [--fail-open] [--no-app-route] [--capture-node-traffic]
+              [--probe-cgroup PATH]
               [--uninstall-when-removed NAMESPACE/DAEMONSET]
               the node agent: installs the datapath (unless --no-install), then enrolls pods as
               the sockmesh-cni plugin reports them (socket <run dir, default /var/run/sockmesh>/
@@ -92,6 +95,7 @@ struct Args {
 
 const std::vector<std::string> kFlagOptions = {"--no-bypass",
                                                "--fail-open",
+                                               "--no-app-route",
                                                "--force",
                                                "--no-capture-inbound",
                                                "--no-install",
@@ -167,6 +171,7 @@ int run_install(const std::string& root, const Args& args) {
   options.cgroup = args.value("--cgroup");
   options.bypass = !args.flag("--no-bypass");
   options.fail_open = args.flag("--fail-open");
+  options.app_route = !args.flag("--no-app-route");
   auto report = install(options);
   if (!report) return fail(report.error());
   if (report->changes.empty()) {
@@ -235,6 +240,7 @@ int run_agent(const std::string& root, const Args& args) {
   options.install.cgroup = args.value("--cgroup");
   options.install.bypass = !args.flag("--no-bypass");
   options.install.fail_open = args.flag("--fail-open");
+  options.install.app_route = !args.flag("--no-app-route");
   options.skip_install = args.flag("--no-install");
   options.exempt_probes = !args.flag("--capture-node-traffic");
   options.probe_cgroup = args.value("--probe-cgroup", options.probe_cgroup);

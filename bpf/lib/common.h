@@ -18,6 +18,8 @@
 #define SM_ETH_P_IPV6 0x86DD
 #define SM_IPPROTO_TCP 6
 #define SM_IPPROTO_UDP 17
+#define SM_SOL_SOCKET 1
+#define SM_SO_MARK 36
 
 #define SM_TC_ACT_OK 0
 #define SM_TC_ACT_SHOT 2

@@ -81,6 +81,94 @@ void for_each_nested(const nlattr* nest, auto fn) {
   for_each_attr(mnl_attr_get_payload(nest), mnl_attr_get_payload_len(nest), fn);
 }
 
+// Calls fn(attr) for each attribute of a message after its family header of `header` bytes.
+void for_each_msg_attr(const nlmsghdr* nlh, size_t header, auto fn) {
+  for_each_attr(mnl_nlmsg_get_payload_offset(nlh, header),
+                nlh->nlmsg_len - MNL_NLMSG_HDRLEN - MNL_ALIGN(header), fn);
+}
+
+std::string describe(const RouteTableCopy& c) {
+  return family_name(c.family) + " routes of table " + std::to_string(c.from) + " into table " +
+         std::to_string(c.to) + " with mtu " + std::to_string(c.mtu);
+}
+
+uint32_t table_of(const nlmsghdr* nlh) {
+  const auto* rtm = static_cast<const rtmsg*>(mnl_nlmsg_get_payload(nlh));
+  uint32_t table = rtm->rtm_table;
+  for_each_msg_attr(nlh, sizeof(rtmsg), [&](const nlattr* attr) {
+    if (mnl_attr_get_type(attr) == RTA_TABLE) table = mnl_attr_get_u32(attr);
+  });
+  return table;
+}
+
+struct RouteDump {
+  uint32_t table = 0;
+  std::vector<std::vector<char>> routes;
+};
+
+int on_route_reply(const nlmsghdr* nlh, void* data) {
+  auto* dump = static_cast<RouteDump*>(data);
+  if (nlh->nlmsg_type != RTM_NEWROUTE) return MNL_CB_OK;
+  const auto* rtm = static_cast<const rtmsg*>(mnl_nlmsg_get_payload(nlh));
+  if (rtm->rtm_type != RTN_UNICAST || (rtm->rtm_flags & RTM_F_CLONED)) return MNL_CB_OK;
+  if (table_of(nlh) != dump->table) return MNL_CB_OK;
+  const char* begin = reinterpret_cast<const char*>(nlh);
+  dump->routes.emplace_back(begin, begin + nlh->nlmsg_len);
+  return MNL_CB_OK;
+}
+
+// A route message for `table` built from a dumped one: its header and the attributes that say
+// where the route leads (destination, gateway, device, source, priority, nexthops); for an add,
+// its metrics with the MTU replaced (mtu 0: no metrics, for a delete).
+nlmsghdr* route_copy_message(char* buf, uint16_t type, uint16_t flags, const nlmsghdr* from,
+                             uint32_t table, uint32_t mtu) {
+  nlmsghdr* nlh = mnl_nlmsg_put_header(buf);
+  nlh->nlmsg_type = type;
+  nlh->nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK | flags;
+  auto* rtm = static_cast<rtmsg*>(mnl_nlmsg_put_extra_header(nlh, sizeof(rtmsg)));
+  *rtm = *static_cast<const rtmsg*>(mnl_nlmsg_get_payload(from));
+  rtm->rtm_table = table < 256 ? static_cast<uint8_t>(table) : uint8_t{RT_TABLE_UNSPEC};
+  // Only ONLINK is a flag one may ask for; the others (LINKDOWN, OFFLOAD...) are the kernel's.
+  rtm->rtm_flags &= RTNH_F_ONLINK;
+  mnl_attr_put_u32(nlh, RTA_TABLE, table);
+  const nlattr* metrics = nullptr;
+  for_each_msg_attr(from, sizeof(rtmsg), [&](const nlattr* attr) {
+    uint16_t t = mnl_attr_get_type(attr);
+    switch (t) {
+      case RTA_DST:
+      case RTA_SRC:
+      case RTA_GATEWAY:
+      case RTA_OIF:
+      case RTA_PREFSRC:
+      case RTA_PRIORITY:
+      case RTA_MULTIPATH:
+      case RTA_VIA:
+      case RTA_PREF:
+      case RTA_NH_ID:
+        mnl_attr_put(nlh, t, mnl_attr_get_payload_len(attr), mnl_attr_get_payload(attr));
+        break;
+      case RTA_METRICS:
+        metrics = attr;
+        break;
+      default:
+        break;
+    }
+  });
+  if (mtu != 0) {
+    nlattr* nest = mnl_attr_nest_start(nlh, RTA_METRICS);
+    if (metrics != nullptr) {
+      for_each_nested(metrics, [&](const nlattr* m) {
+        uint16_t t = mnl_attr_get_type(m);
+        if (t == RTAX_MTU) return;
+        mnl_attr_put(nlh, t, mnl_attr_get_payload_len(m), mnl_attr_get_payload(m));
+      });
+    }
+    mnl_attr_put_u32(nlh, RTAX_MTU, mtu);
+    mnl_attr_nest_end(nlh, nest);
+  }
+  return nlh;
+}
+
 // Walks IFLA_AF_SPEC -> AF_INET -> IFLA_INET_CONF (an array of u32, index = IPV4_DEVCONF_* - 1).
 int on_link_reply(const nlmsghdr* nlh, void* data) {
   auto* q = static_cast<DevconfQuery*>(data);
@@ -168,6 +256,59 @@ Result<bool> RouteNetlink::remove(const LocalDefaultRoute& route) {
   if (err == -ESRCH || err == -ENOENT) return false;
   if (err != 0) return Error::from_errno(err, "removing " + describe(route));
   return true;
+}
+
+Result<std::vector<std::vector<char>>> RouteNetlink::dump_routes(int family, uint32_t table) {
+  std::vector<char> buf(MNL_SOCKET_BUFFER_SIZE);
+  nlmsghdr* nlh = mnl_nlmsg_put_header(buf.data());
+  nlh->nlmsg_type = RTM_GETROUTE;
+  nlh->nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+  auto* rtm = static_cast<rtmsg*>(mnl_nlmsg_put_extra_header(nlh, sizeof(rtmsg)));
+  rtm->rtm_family = static_cast<uint8_t>(family);
+  RouteDump dump;
+  dump.table = table;
+  int err = request(nlh, on_route_reply, &dump);
+  if (err != 0) {
+    return Error::from_errno(err, "listing the " + family_name(family) + " routes of table " +
+                                      std::to_string(table));
+  }
+  return std::move(dump.routes);
+}
+
+Result<int> RouteNetlink::add(const RouteTableCopy& copy) {
+  auto routes = dump_routes(copy.family, copy.from);
+  if (!routes) return routes.error();
+  int added = 0;
+  std::vector<char> buf(MNL_SOCKET_BUFFER_SIZE);
+  for (const auto& route : *routes) {
+    const auto* from = reinterpret_cast<const nlmsghdr*>(route.data());
+    int err = request(route_copy_message(buf.data(), RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL,
+                                         from, copy.to, copy.mtu),
+                      nullptr, nullptr);
+    if (err == -EEXIST) continue;
+    if (err != 0) return Error::from_errno(err, "copying " + describe(copy));
+    ++added;
+  }
+  return added;
+}
+
+Result<int> RouteNetlink::flush(int family, uint32_t table) {
+  auto routes = dump_routes(family, table);
+  if (!routes) return routes.error();
+  int removed = 0;
+  std::vector<char> buf(MNL_SOCKET_BUFFER_SIZE);
+  for (const auto& route : *routes) {
+    const auto* from = reinterpret_cast<const nlmsghdr*>(route.data());
+    int err = request(route_copy_message(buf.data(), RTM_DELROUTE, 0, from, table, 0), nullptr,
+                      nullptr);
+    if (err == -ESRCH || err == -ENOENT) continue;
+    if (err != 0) {
+      return Error::from_errno(err, "removing the " + family_name(family) + " routes of table " +
+                                        std::to_string(table));
+    }
+    ++removed;
+  }
+  return removed;
 }
 
 Result<uint32_t> RouteNetlink::ipv4_devconf(int ifindex, int devconf_id) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "loader/maps/result.h"
 
@@ -31,6 +32,15 @@ struct LocalDefaultRoute {
   int ifindex = 0;
 };
 
+// Every unicast route of table `from`, copied into table `to` with the MTU metric set to `mtu`
+// (its other metrics kept): `ip route show table <from>` replayed with `table <to> mtu <mtu>`.
+struct RouteTableCopy {
+  int family = 0;
+  uint32_t from = 0;
+  uint32_t to = 0;
+  uint32_t mtu = 0;
+};
+
 class RouteNetlink {
  public:
   // A NETLINK_ROUTE socket bound in the calling thread's current netns.
@@ -41,6 +51,10 @@ class RouteNetlink {
   Result<bool> remove(const FwmarkRule& rule);
   Result<bool> add(const LocalDefaultRoute& route);
   Result<bool> remove(const LocalDefaultRoute& route);
+  // Returns how many routes were added (those already in `to` are left as they are).
+  Result<int> add(const RouteTableCopy& copy);
+  // Removes every route of one table of one family; returns how many there were.
+  Result<int> flush(int family, uint32_t table);
 
   // Per-device IPv4 settings (net.ipv4.conf.<dev>.<name>), by IPV4_DEVCONF_* id, through
   // RTM_GETLINK / RTM_SETLINK IFLA_AF_SPEC/AF_INET/IFLA_INET_CONF.
@@ -52,8 +66,11 @@ class RouteNetlink {
     void operator()(mnl_socket* s) const { mnl_socket_close(s); }
   };
   explicit RouteNetlink(mnl_socket* s) : sock_(s) {}
-  // Sends one request and waits for its ack (or its one reply, passed to `on_reply`).
+  // Sends one request and waits for its ack (or its one reply, passed to `on_reply`; or, for a
+  // dump, each of its replies, until the dump's end).
   int request(nlmsghdr* msg, mnl_cb_t on_reply, void* data);
+  // The routes of one table of one family, each as the kernel sent it (RTM_NEWROUTE messages).
+  Result<std::vector<std::vector<char>>> dump_routes(int family, uint32_t table);
 
   std::unique_ptr<mnl_socket, SocketCloser> sock_;
   uint32_t seq_ = 0;

@@ -237,6 +237,7 @@ Status install_bypass(const InstallOptions& options, const std::string& root,
   auto bypass = BpfSkeleton<bypass_bpf>::open("bypass", root);
   if (!bypass) return bypass.error();
   bypass.value()->rodata->cfg_bypass = options.bypass;
+  bypass.value()->rodata->cfg_app_route = options.app_route;
   if (auto s = bypass->load(); !s) return s.error();
   if (auto s = pin_programs(*bypass, root, report); !s) return s.error();
   auto sockops = open_pin(program_pin(root, kProgSockops), "the sockops program");

@@ -2,6 +2,7 @@
 
 #include <bpf/bpf.h>
 #include <linux/ip.h>
+#include <linux/rtnetlink.h>
 #include <net/if.h>
 #include <sys/socket.h>
 
@@ -28,6 +29,15 @@ using maps::WorkloadRecord;
 
 FwmarkRule capture_rule(int family) {
   return FwmarkRule{family, SM_MARK_BOUNCED, SM_MARK_BOUNCED, SM_ROUTE_TABLE, SM_RULE_PRIORITY};
+}
+
+FwmarkRule app_rule(int family) {
+  return FwmarkRule{family, SM_MARK_APP_ROUTE, SM_MARK_APP_ROUTE, SM_APP_ROUTE_TABLE,
+                    SM_APP_RULE_PRIORITY};
+}
+
+RouteTableCopy app_routes(int family) {
+  return RouteTableCopy{family, RT_TABLE_MAIN, SM_APP_ROUTE_TABLE, SM_APP_ROUTE_MTU};
 }
 
 Result<LocalDefaultRoute> capture_route(int family) {
@@ -58,6 +68,16 @@ Result<uint32_t> set_up_routing(RouteNetlink& nl, int ifindex, std::vector<std::
       changes->push_back(std::string(family == AF_INET ? "IPv4" : "IPv6") +
                          " policy routing for bounced packets");
     }
+    // The apps' captured sockets (SM_MARK_APP_ROUTE): the pod's routes, with a lo-sized MTU.
+    auto copied = nl.add(app_routes(family));
+    if (!copied) return copied.error();
+    auto added_app_rule = nl.add(app_rule(family));
+    if (!added_app_rule) return added_app_rule.error();
+    if (*copied > 0 || *added_app_rule) {
+      changes->push_back(std::string(family == AF_INET ? "IPv4" : "IPv6") +
+                         " routes for the apps' captured sockets (" + std::to_string(*copied) +
+                         " copied with mtu " + std::to_string(SM_APP_ROUTE_MTU) + ")");
+    }
   }
   // The bounced packet's source is the pod's own address: a martian unless accept_local.
   auto accept_local = nl.ipv4_devconf(ifindex, IPV4_DEVCONF_ACCEPT_LOCAL);
@@ -79,7 +99,11 @@ Status tear_down_routing(RouteNetlink& nl, int ifindex, uint32_t loader_flags,
     if (!route) return route.error();
     auto removed_route = nl.remove(*route);
     if (!removed_route) return removed_route.error();
-    if (*removed_rule || *removed_route) {
+    auto removed_app_rule = nl.remove(app_rule(family));
+    if (!removed_app_rule) return removed_app_rule.error();
+    auto removed_app_routes = nl.flush(family, SM_APP_ROUTE_TABLE);
+    if (!removed_app_routes) return removed_app_routes.error();
+    if (*removed_rule || *removed_route || *removed_app_rule || *removed_app_routes > 0) {
       changes->push_back(std::string("removed ") + (family == AF_INET ? "IPv4" : "IPv6") +
                          " policy routing");
     }

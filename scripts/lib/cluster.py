@@ -472,7 +472,7 @@ class Node:
                 "--probe-cgroup", os.path.relpath(self.kubelet_cgroup, cgroup2_mount())]
         if not c.bypass:
             argv.append("--no-bypass")
-        argv += list(extra)
+        argv += c.agent_extra + list(extra)
         # Its own cgroup beside the node's (not below it: the node's sockops is not for it), so
         # that removing the cluster's cgroup stops it too.
         agent_cgroup = os.path.join(c.cgroup, "agent-" + self.name)
@@ -577,7 +577,7 @@ class Cluster:
 
     def __init__(self, nodes=("node-a", "node-b"), bypass=True, keep=False, drain_timeout_ms=3000,
                  log=None, work=None, build=None, runtime=None, xds=False, proxy_extra=(),
-                 dual_stack=False):
+                 dual_stack=False, agent_extra=()):
         # dual_stack: pods, node link and services get an IPv6 address beside the IPv4 one.
         self.dual_stack = dual_stack
         # runtime: something that runs each node's agent, proxy and CNI installer in place of the
@@ -590,6 +590,7 @@ class Cluster:
         self.xds = xds
         self.istiod = None
         self.proxy_extra = list(proxy_extra)  # more sockmesh-proxy flags, on every node
+        self.agent_extra = list(agent_extra)  # more `sockmesh-loader run` flags, on every node
         _counter[0] += 1
         self.build = build  # the build directory whose binaries it runs (None: build_dir())
         self.id = "%s-%d-%d" % (PREFIX, os.getpid(), _counter[0])

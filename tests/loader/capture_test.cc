@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstring>
 #include <optional>
+#include <thread>
+#include <vector>
 
 #include "base/log.h"
 #include "loader/attach/pod.h"
@@ -34,6 +36,8 @@ constexpr int kTimeoutMs = 5000;
 class CaptureFlowTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
+    // The app's sockets are the cgroup's, as a pod's are the node's: sockops marks them.
+    cgroup_.enter();
     auto l = maps::ListenerMap::open(install_.root());
     ASSERT_TRUE(l) << l.error().message;
     listeners_.emplace(std::move(l).value());
@@ -91,15 +95,73 @@ TEST_P(CaptureFlowTest, OutboundConnectionReachesTheProxyWithItsOriginalDestinat
   ASSERT_EQ(served.size(), 1u);
   EXPECT_EQ(served[0].first.ip, pod_ip()) << "the relay dialled out from the pod";
   EXPECT_EQ(counter(SM_CNT_CAPTURED_OUTBOUND), 1u);
-  // The app's SYN offered the MSS of its route out of eth0 (MTU 1500); tc raised it as it bounced
-  // the SYN, so the relay sends to the app in lo-sized segments, while the app's own socket
-  // keeps its eth0 size and the relay's dial out is untouched.
+  // Both ends of the hop between app and relay send lo-sized segments: the app's socket was
+  // marked as it connected and took the pod's routes with a lo-sized MTU, and tc raised the MSS
+  // its SYN offered as it bounced it. The relay's dial out of eth0 keeps eth0's size.
   auto mss = proxy.segment_sizes();
   ASSERT_EQ(mss.size(), 1u);
   EXPECT_GT(mss[0].accepted, 16000) << "the relay's segments to the app";
   EXPECT_LE(mss[0].upstream, 1460) << "the relay's dial out of eth0";
-  EXPECT_LE(testing::max_segment(app.get()), 1460) << "the app's own socket";
+  EXPECT_GT(testing::max_segment(app.get()), 16000) << "the app's own segments to the relay";
+  EXPECT_EQ(testing::socket_mark(app.get()), SM_MARK_APP_ROUTE);
+  EXPECT_EQ(counter(SM_CNT_APP_ROUTED), 1u);
   EXPECT_EQ(counter(SM_CNT_MSS_RAISED), 1u);
+  EXPECT_EQ(counter(SM_CNT_MSS_CLAMPED), 0u) << "nothing offered more than eth0 takes";
+}
+
+TEST_P(CaptureFlowTest, AppSocketWithAMarkOfItsOwnKeepsThePodsRoutes) {
+  EchoServer server(topo_.peer.path(), Endpoint{peer_ip(), 8080});
+  Relay proxy(topo_.pod.path(), *listeners_, pod_ip(), ListenerKind::kOutbound,
+              SM_MARK_PROXY_UPSTREAM);
+  enroll();
+  auto app = testing::connect_in(topo_.pod.path(), Endpoint{peer_ip(), 8080},
+                                 testing::SocketOptions{.mark = 0x7});
+  ASSERT_TRUE(app.valid()) << strerror(errno);
+  EXPECT_TRUE(testing::echo_round_trip(app.get(), testing::pattern(65536, 5), kTimeoutMs));
+  EXPECT_EQ(proxy.accepted(), 1) << "captured all the same";
+  EXPECT_EQ(testing::socket_mark(app.get()), 0x7u);
+  EXPECT_LE(testing::max_segment(app.get()), 1460) << "its route is the pod's own, out of eth0";
+  EXPECT_EQ(counter(SM_CNT_APP_ROUTED), 0u);
+}
+
+// A marked app socket whose SYN reaches the wire after all (no listener, fail-open) must not send
+// what eth0 cannot carry: tc lowers the MSS the app offers the peer, and the MSS the peer offers
+// back, to eth0's. The peer's route to the pod claims MTU 9000 here, so without either clamp one
+// side would send segments of about 8.9 KB through a 1500-byte eth0.
+TEST_P(CaptureFlowTest, AppSocketWhoseSynFailsOpenAgreesOnEth0SizedSegments) {
+  topo_.peer.ip({"route", "add", v6() ? "fd00:200::2/128" : "10.200.0.2/32", "dev", "eth0", "mtu",
+                 "9000"});
+  auto listener = testing::listen_in(topo_.peer.path(), Endpoint{peer_ip(), 8080});
+  ASSERT_TRUE(listener.valid()) << strerror(errno);
+  loader::InstallOptions open = install_.options();
+  open.fail_open = true;
+  auto reinstalled = loader::install(open);
+  ASSERT_TRUE(reinstalled) << reinstalled.error().message;
+  enroll();
+
+  auto app = testing::connect_in(topo_.pod.path(), Endpoint{peer_ip(), 8080});
+  ASSERT_TRUE(app.valid()) << strerror(errno);
+  auto served = testing::accept_within(listener.get(), kTimeoutMs);
+  ASSERT_TRUE(served.valid()) << "fail-open: the SYN goes to the peer";
+  EXPECT_EQ(testing::socket_mark(app.get()), SM_MARK_APP_ROUTE);
+  EXPECT_EQ(counter(SM_CNT_NO_LISTENER), 1u);
+  EXPECT_EQ(counter(SM_CNT_MSS_CLAMPED), 2u) << "the app's SYN out, the peer's SYN-ACK in";
+  EXPECT_LE(testing::max_segment(app.get()), 1460) << "the app's segments to the wire";
+  EXPECT_LE(testing::max_segment(served.get()), 1460) << "the peer's segments to the pod";
+  // And bytes cross both ways at that size.
+  auto up = testing::pattern(size_t{512} * 1024, 6);
+  auto down = testing::pattern(size_t{512} * 1024, 7);
+  std::thread sender([&] { EXPECT_TRUE(testing::send_all(app.get(), up.data(), up.size())); });
+  std::vector<uint8_t> got(up.size());
+  EXPECT_TRUE(testing::recv_exact(served.get(), got.data(), got.size(), kTimeoutMs));
+  sender.join();
+  EXPECT_EQ(got, up);
+  std::thread replier(
+      [&] { EXPECT_TRUE(testing::send_all(served.get(), down.data(), down.size())); });
+  std::vector<uint8_t> back(down.size());
+  EXPECT_TRUE(testing::recv_exact(app.get(), back.data(), back.size(), kTimeoutMs));
+  replier.join();
+  EXPECT_EQ(back, down);
 }
 
 TEST_P(CaptureFlowTest, InboundConnectionToAnAppPortLandsOn15006) {

@@ -22,12 +22,18 @@
  * SM_MARK_PROXY_MAP the proxy looks for its own bypassed sockets in sm_bypass_proxy, so sockops
  *                   puts them there. A proxy older than that map sets SM_MARK_PROXY without it,
  *                   and its sockets go into sm_bypass, where it looks: the node's BPF and the
- *                   proxy are upgraded separately, in either order. Always with SM_MARK_PROXY. */
-#define SM_MARK_MASK 0x000f0000u
+ *                   proxy are upgraded separately, in either order. Always with SM_MARK_PROXY.
+ * SM_MARK_APP_ROUTE sockops sets it (SO_MARK) on an enrolled app's TCP socket as the socket
+ *                   connects, before its route is looked up again: the pod's rule for it picks
+ *                   SM_APP_ROUTE_TABLE, whose routes are the pod's own with a lo-sized MTU, so
+ *                   that the app sends to the proxy in large segments (capture.bpf.c, "MSS").
+ *                   Never with SM_MARK_PROXY. */
+#define SM_MARK_MASK 0x001f0000u
 #define SM_MARK_BOUNCED 0x00010000u
 #define SM_MARK_PROXY 0x00020000u
 #define SM_MARK_LOCAL_HOP 0x00040000u
 #define SM_MARK_PROXY_MAP 0x00080000u
+#define SM_MARK_APP_ROUTE 0x00100000u
 /* What the proxy sets with SO_MARK. */
 #define SM_MARK_PROXY_UPSTREAM (SM_MARK_PROXY | SM_MARK_PROXY_MAP)
 #define SM_MARK_PROXY_TO_APP (SM_MARK_PROXY | SM_MARK_LOCAL_HOP | SM_MARK_PROXY_MAP)
@@ -37,6 +43,16 @@
  *   ip route add local 0.0.0.0/0 dev lo table SM_ROUTE_TABLE   (and ::/0 for IPv6) */
 #define SM_ROUTE_TABLE 0x534d /* "SM" */
 #define SM_RULE_PRIORITY 32000
+/* ... and for the app's captured sockets (SM_MARK_APP_ROUTE):
+ *   ip rule add fwmark SM_MARK_APP_ROUTE/SM_MARK_APP_ROUTE lookup SM_APP_ROUTE_TABLE
+ *       pref SM_APP_RULE_PRIORITY
+ *   each unicast route of the pod's main table, copied into SM_APP_ROUTE_TABLE with
+ *   mtu SM_APP_ROUTE_MTU */
+#define SM_APP_ROUTE_TABLE 0x534e
+#define SM_APP_RULE_PRIORITY 32100
+/* A route's MTU is at most 65535 (IP_MAX_MTU), below lo's 65536; this one gives an MSS of 65480
+ * over IPv4 (65460 over IPv6), so the app's segments are lo-sized as they are to a local peer. */
+#define SM_APP_ROUTE_MTU 65520
 
 /* String sizes of a workload record, NUL included. */
 #define SM_UID_LEN 64              /* pod UID (36) or any opaque id */

@@ -241,6 +241,13 @@ int max_segment(int fd) {
   return getsockopt(fd, IPPROTO_TCP, TCP_MAXSEG, &mss, &len) == 0 ? mss : -1;
 }
 
+uint32_t socket_mark(int fd) {
+  uint32_t mark = 0;
+  socklen_t len = sizeof(mark);
+  EXPECT_EQ(getsockopt(fd, SOL_SOCKET, SO_MARK, &mark, &len), 0) << strerror(errno);
+  return mark;
+}
+
 void Relay::serve(int fd) {
   // A captured connection's local address is where the app meant to go.
   Endpoint original = local_of(fd);

@@ -118,6 +118,8 @@ class Relay : public Server {
 
 // TCP_MAXSEG of a connected socket (-1 on error).
 int max_segment(int fd);
+// SO_MARK of a socket (0 on error, with a test failure recorded).
+uint32_t socket_mark(int fd);
 
 // Copies a -> b until EOF on a, then shuts b's write side. EAGAIN is retried.
 void pump(int from, int to, const std::atomic<bool>& stopping);
