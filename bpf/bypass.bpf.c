@@ -163,10 +163,14 @@ static __always_inline void sm_forget(struct bpf_sock_ops* ops) {
   bpf_map_delete_elem(&sm_stack_flows, &key);
 }
 
-/* An enrolled app's socket about to send its SYN (see SM_MARK_APP_ROUTE). TCP_CONNECT_CB runs at
- * the start of tcp_connect(), before the socket's route is rebuilt and its MSS derived from that
- * route; a new mark drops the cached route (sk_dst_reset), so both follow the mark's rule. A
- * socket that already has a mark is left alone: the proxy's own, or an app's that routes by it. */
+/* An enrolled app's socket (see SM_MARK_APP_ROUTE), as it connects or once it was accepted.
+ * TCP_CONNECT_CB runs at the start of tcp_connect(), before the socket's route is rebuilt and its
+ * MSS derived from that route; a new mark drops the cached route (sk_dst_reset), so both follow
+ * the mark's rule. An accepted socket (PASSIVE_ESTABLISHED) sent its SYN-ACK on the pod's route
+ * already; its next send looks its route up again under the mark, and TCP raises its MSS to the
+ * new path MTU, up to what the peer offered: lo's from the proxy (tc raises the MSS of the SYN-ACK
+ * it bounces), eth0's from the wire (tc lowers a larger one). A socket that already has a mark is
+ * left alone: the proxy's own, or an app's that routes by it. */
 static __always_inline void sm_route_app_socket(struct bpf_sock_ops* ops) {
   struct bpf_sock* sk = ops->sk;
   if (!sk || sk->mark != 0) return;
@@ -187,6 +191,7 @@ int sm_sockops(struct bpf_sock_ops* ops) {
     if (cfg_app_route) sm_route_app_socket(ops);
     return 1;
   }
+  if (op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB && cfg_app_route) sm_route_app_socket(ops);
   if (!cfg_bypass) return 1;
   struct sm_flow_key key = {};
   if (op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB) {

@@ -89,7 +89,8 @@ void for_each_msg_attr(const nlmsghdr* nlh, size_t header, auto fn) {
 
 std::string describe(const RouteTableCopy& c) {
   return family_name(c.family) + " routes of table " + std::to_string(c.from) + " into table " +
-         std::to_string(c.to) + " with mtu " + std::to_string(c.mtu);
+         std::to_string(c.to) + " (mtu " + std::to_string(c.mtu) + " out of device #" +
+         std::to_string(c.ifindex) + ")";
 }
 
 uint32_t table_of(const nlmsghdr* nlh) {
@@ -117,11 +118,20 @@ int on_route_reply(const nlmsghdr* nlh, void* data) {
   return MNL_CB_OK;
 }
 
+// The device a route leads out of (RTA_OIF; 0 for one without, such as a multipath route).
+int oif_of(const nlmsghdr* nlh) {
+  int oif = 0;
+  for_each_msg_attr(nlh, sizeof(rtmsg), [&](const nlattr* attr) {
+    if (mnl_attr_get_type(attr) == RTA_OIF) oif = static_cast<int>(mnl_attr_get_u32(attr));
+  });
+  return oif;
+}
+
 // A route message for `table` built from a dumped one: its header and the attributes that say
 // where the route leads (destination, gateway, device, source, priority, nexthops); for an add,
-// its metrics with the MTU replaced (mtu 0: no metrics, for a delete).
+// its metrics, with the MTU replaced when `mtu` is not 0 (a delete passes no metrics).
 nlmsghdr* route_copy_message(char* buf, uint16_t type, uint16_t flags, const nlmsghdr* from,
-                             uint32_t table, uint32_t mtu) {
+                             uint32_t table, bool metrics_too, uint32_t mtu) {
   nlmsghdr* nlh = mnl_nlmsg_put_header(buf);
   nlh->nlmsg_type = type;
   nlh->nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK | flags;
@@ -154,16 +164,16 @@ nlmsghdr* route_copy_message(char* buf, uint16_t type, uint16_t flags, const nlm
         break;
     }
   });
-  if (mtu != 0) {
+  if (metrics_too && (metrics != nullptr || mtu != 0)) {
     nlattr* nest = mnl_attr_nest_start(nlh, RTA_METRICS);
     if (metrics != nullptr) {
       for_each_nested(metrics, [&](const nlattr* m) {
         uint16_t t = mnl_attr_get_type(m);
-        if (t == RTAX_MTU) return;
+        if (t == RTAX_MTU && mtu != 0) return;
         mnl_attr_put(nlh, t, mnl_attr_get_payload_len(m), mnl_attr_get_payload(m));
       });
     }
-    mnl_attr_put_u32(nlh, RTAX_MTU, mtu);
+    if (mtu != 0) mnl_attr_put_u32(nlh, RTAX_MTU, mtu);
     mnl_attr_nest_end(nlh, nest);
   }
   return nlh;
@@ -282,8 +292,9 @@ Result<int> RouteNetlink::add(const RouteTableCopy& copy) {
   std::vector<char> buf(MNL_SOCKET_BUFFER_SIZE);
   for (const auto& route : *routes) {
     const auto* from = reinterpret_cast<const nlmsghdr*>(route.data());
+    uint32_t mtu = oif_of(from) == copy.ifindex ? copy.mtu : 0;
     int err = request(route_copy_message(buf.data(), RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL,
-                                         from, copy.to, copy.mtu),
+                                         from, copy.to, true, mtu),
                       nullptr, nullptr);
     if (err == -EEXIST) continue;
     if (err != 0) return Error::from_errno(err, "copying " + describe(copy));
@@ -299,8 +310,8 @@ Result<int> RouteNetlink::flush(int family, uint32_t table) {
   std::vector<char> buf(MNL_SOCKET_BUFFER_SIZE);
   for (const auto& route : *routes) {
     const auto* from = reinterpret_cast<const nlmsghdr*>(route.data());
-    int err = request(route_copy_message(buf.data(), RTM_DELROUTE, 0, from, table, 0), nullptr,
-                      nullptr);
+    int err = request(route_copy_message(buf.data(), RTM_DELROUTE, 0, from, table, false, 0),
+                      nullptr, nullptr);
     if (err == -ESRCH || err == -ENOENT) continue;
     if (err != 0) {
       return Error::from_errno(err, "removing the " + family_name(family) + " routes of table " +

@@ -32,12 +32,15 @@ struct LocalDefaultRoute {
   int ifindex = 0;
 };
 
-// Every unicast route of table `from`, copied into table `to` with the MTU metric set to `mtu`
-// (its other metrics kept): `ip route show table <from>` replayed with `table <to> mtu <mtu>`.
+// Every unicast route of table `from`, copied into table `to`; those out of device `ifindex` get
+// the MTU metric `mtu` (their other metrics kept), the others are copied as they are, so that a
+// lookup in `to` picks the same route as one in `from`: `ip route show table <from>` replayed
+// with `table <to>`, and `mtu <mtu>` on the routes of that device.
 struct RouteTableCopy {
   int family = 0;
   uint32_t from = 0;
   uint32_t to = 0;
+  int ifindex = 0;
   uint32_t mtu = 0;
 };
 

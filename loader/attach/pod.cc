@@ -36,8 +36,11 @@ FwmarkRule app_rule(int family) {
                     SM_APP_RULE_PRIORITY};
 }
 
-RouteTableCopy app_routes(int family) {
-  return RouteTableCopy{family, RT_TABLE_MAIN, SM_APP_ROUTE_TABLE, SM_APP_ROUTE_MTU};
+// Only the routes out of the pod's captured device get the large MTU: tc is there to bounce the
+// app's packets (and to clamp the MSS of those that leave). Routes out of other devices (a second
+// network) are copied as they are, so that the table picks the same route as the main one.
+RouteTableCopy app_routes(int family, int ifindex) {
+  return RouteTableCopy{family, RT_TABLE_MAIN, SM_APP_ROUTE_TABLE, ifindex, SM_APP_ROUTE_MTU};
 }
 
 Result<LocalDefaultRoute> capture_route(int family) {
@@ -69,14 +72,15 @@ Result<uint32_t> set_up_routing(RouteNetlink& nl, int ifindex, std::vector<std::
                          " policy routing for bounced packets");
     }
     // The apps' captured sockets (SM_MARK_APP_ROUTE): the pod's routes, with a lo-sized MTU.
-    auto copied = nl.add(app_routes(family));
+    auto copied = nl.add(app_routes(family, ifindex));
     if (!copied) return copied.error();
     auto added_app_rule = nl.add(app_rule(family));
     if (!added_app_rule) return added_app_rule.error();
     if (*copied > 0 || *added_app_rule) {
       changes->push_back(std::string(family == AF_INET ? "IPv4" : "IPv6") +
                          " routes for the apps' captured sockets (" + std::to_string(*copied) +
-                         " copied with mtu " + std::to_string(SM_APP_ROUTE_MTU) + ")");
+                         " copied, mtu " + std::to_string(SM_APP_ROUTE_MTU) + " out of " +
+                         "the captured device)");
     }
   }
   // The bounced packet's source is the pod's own address: a martian unless accept_local.

@@ -109,6 +109,44 @@ TEST_P(CaptureFlowTest, OutboundConnectionReachesTheProxyWithItsOriginalDestinat
   EXPECT_EQ(counter(SM_CNT_MSS_CLAMPED), 0u) << "nothing offered more than eth0 takes";
 }
 
+// The apps' table: the pod's routes, the large MTU only on those out of eth0, where tc captures;
+// a second network's routes are copied as they are, so that its traffic is routed (and sized) as
+// before. Unenroll takes the table and its rule away (PodIsUntouched... checks the whole pod).
+TEST_P(CaptureFlowTest, AppRouteTableCopiesThePodsRoutesWithTheLargeMtuOnlyOutOfEth0) {
+  topo_.pod.ip({"link", "add", "net1", "type", "veth", "peer", "name", "net1-peer"});
+  topo_.pod.ip({"addr", "add", "10.201.0.2/24", "dev", "net1"});
+  topo_.pod.ip({"addr", "add", "fd00:201::2/64", "dev", "net1", "nodad"});
+  topo_.pod.ip({"link", "set", "net1", "up"});
+  topo_.pod.ip({"route", "add", "10.202.0.0/16", "via", "10.201.0.1", "dev", "net1"});
+  topo_.pod.ip({"route", "add", "default", "via", "10.200.0.1", "dev", "eth0"});
+  enroll();
+  std::string family = v6() ? "-6" : "-4";
+  std::string table = topo_.pod.ip({family, "route", "show", "table", std::to_string(SM_APP_ROUTE_TABLE)});
+  std::string eth0_net = v6() ? "fd00:200::/64 dev eth0" : "10.200.0.0/24 dev eth0";
+  std::string net1_net = v6() ? "fd00:201::/64 dev net1" : "10.201.0.0/24 dev net1";
+  auto line_of = [&](const std::string& start) {
+    size_t at = table.find(start);
+    if (at == std::string::npos) return std::string();
+    return table.substr(at, table.find('\n', at) - at);
+  };
+  EXPECT_NE(line_of(eth0_net).find("mtu 65520"), std::string::npos) << table;
+  EXPECT_NE(line_of(net1_net), "") << table;
+  EXPECT_EQ(line_of(net1_net).find("mtu"), std::string::npos) << table;
+  if (!v6()) {
+    EXPECT_NE(line_of("default via 10.200.0.1 dev eth0").find("mtu 65520"), std::string::npos)
+        << table;
+    EXPECT_NE(line_of("10.202.0.0/16 via 10.201.0.1 dev net1"), "") << table;
+    EXPECT_EQ(line_of("10.202.0.0/16 via 10.201.0.1 dev net1").find("mtu"), std::string::npos)
+        << table;
+  }
+  std::string rules = topo_.pod.ip({family, "rule", "show"});
+  EXPECT_NE(rules.find("32100:\tfrom all fwmark 0x100000/0x100000 lookup 21326"), std::string::npos)
+      << rules;
+  unenroll();
+  EXPECT_EQ(topo_.pod.ip({family, "route", "show", "table", std::to_string(SM_APP_ROUTE_TABLE)}),
+            "");
+}
+
 TEST_P(CaptureFlowTest, AppSocketWithAMarkOfItsOwnKeepsThePodsRoutes) {
   EchoServer server(topo_.peer.path(), Endpoint{peer_ip(), 8080});
   Relay proxy(topo_.pod.path(), *listeners_, pod_ip(), ListenerKind::kOutbound,
@@ -209,6 +247,38 @@ TEST_P(CaptureFlowTest, InboundRelayMayKeepTheClientAddressTowardsTheApp) {
   ASSERT_EQ(mss.size(), 1u);
   EXPECT_GT(mss[0].upstream, 16000) << "the relay's segments to the app";
   EXPECT_EQ(counter(SM_CNT_MSS_RAISED), 1u);
+}
+
+// The app's socket accepted from a relay that kept the client's address answers to a remote
+// address, whose route is eth0's; sockops marks it once accepted, so it sends to the relay in
+// lo-sized segments too (the relay offered lo's MSS in its SYN). Without the bypass, so that its
+// sends take TCP (bypassed, they skip segmentation altogether until the flow is pinned to the
+// stack).
+TEST_P(CaptureFlowTest, AppsAcceptedSocketAnswersTheRelayInLoSizedSegments) {
+  loader::InstallOptions no_bypass = install_.options();
+  no_bypass.bypass = false;
+  auto reinstalled = loader::install(no_bypass);
+  ASSERT_TRUE(reinstalled) << reinstalled.error().message;
+  auto app_listener = testing::listen_in(topo_.pod.path(), Endpoint{pod_ip(), 8080});
+  ASSERT_TRUE(app_listener.valid()) << strerror(errno);
+  Relay proxy(topo_.pod.path(), *listeners_, pod_ip(), ListenerKind::kInboundPlain,
+              SM_MARK_PROXY_TO_APP, /*keep_source=*/true);
+  enroll();
+
+  auto client = testing::connect_in(topo_.peer.path(), Endpoint{pod_ip(), 8080});
+  ASSERT_TRUE(client.valid()) << strerror(errno);
+  auto app = testing::accept_within(app_listener.get(), kTimeoutMs);
+  ASSERT_TRUE(app.valid()) << "the relay's dial must reach the app";
+  EXPECT_EQ(testing::peer_of(app.get()).ip, peer_ip()) << "the client's address, kept";
+  auto answer = testing::pattern(size_t{512} * 1024, 8);
+  std::thread sender([&] { EXPECT_TRUE(testing::send_all(app.get(), answer.data(), answer.size())); });
+  std::vector<uint8_t> got(answer.size());
+  EXPECT_TRUE(testing::recv_exact(client.get(), got.data(), got.size(), kTimeoutMs));
+  sender.join();
+  EXPECT_EQ(got, answer);
+  EXPECT_EQ(testing::socket_mark(app.get()), SM_MARK_APP_ROUTE);
+  EXPECT_GT(testing::max_segment(app.get()), 16000) << "the app's segments to the relay";
+  EXPECT_EQ(counter(SM_CNT_APP_ROUTED), 1u) << "the app's accepted socket; not the relay's dial";
 }
 
 TEST_P(CaptureFlowTest, HboneOn15008IsNotCaptured) {

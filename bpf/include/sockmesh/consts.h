@@ -46,8 +46,8 @@
 /* ... and for the app's captured sockets (SM_MARK_APP_ROUTE):
  *   ip rule add fwmark SM_MARK_APP_ROUTE/SM_MARK_APP_ROUTE lookup SM_APP_ROUTE_TABLE
  *       pref SM_APP_RULE_PRIORITY
- *   each unicast route of the pod's main table, copied into SM_APP_ROUTE_TABLE with
- *   mtu SM_APP_ROUTE_MTU */
+ *   each unicast route of the pod's main table, copied into SM_APP_ROUTE_TABLE, with
+ *   mtu SM_APP_ROUTE_MTU on those out of the captured device (eth0) */
 #define SM_APP_ROUTE_TABLE 0x534e
 #define SM_APP_RULE_PRIORITY 32100
 /* A route's MTU is at most 65535 (IP_MAX_MTU), below lo's 65536; this one gives an MSS of 65480
