@@ -26,7 +26,11 @@
  * and is counted; that socket then stays on the stack path (sm_stack_flows), so that bytes sent
  * later cannot overtake bytes still queued in the peer's normal receive queue. The proxy also puts
  * a flow there when it stops reading from it (its send side is blocked): from then on the app's
- * bytes meet TCP's flow control instead of piling up in the proxy socket's ingress queue. */
+ * bytes meet TCP's flow control instead of piling up in the proxy socket's ingress queue.
+ *
+ * sockops also gives an enrolled app's sockets the pod's lo-sized route (SM_MARK_APP_ROUTE, see
+ * sm_route_app_socket), so that what they send to the proxy through the stack goes in large
+ * segments; that part runs with or without the bypass (cfg_app_route). */
 #include "lib/maps.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -24,7 +24,8 @@
  *                   and its sockets go into sm_bypass, where it looks: the node's BPF and the
  *                   proxy are upgraded separately, in either order. Always with SM_MARK_PROXY.
  * SM_MARK_APP_ROUTE sockops sets it (SO_MARK) on an enrolled app's TCP socket as the socket
- *                   connects, before its route is looked up again: the pod's rule for it picks
+ *                   connects or once it is accepted, and the socket's route is looked up again
+ *                   under it: the pod's rule for it picks
  *                   SM_APP_ROUTE_TABLE, whose routes are the pod's own with a lo-sized MTU, so
  *                   that the app sends to the proxy in large segments (capture.bpf.c, "MSS").
  *                   Never with SM_MARK_PROXY. */

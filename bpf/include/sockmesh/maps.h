@@ -125,7 +125,7 @@ enum sm_counter {
   SM_CNT_MSS_RAISED,            /* bounced SYNs and SYN-ACKs whose MSS option tc raised to the
                                    local hop's (SM_LOCAL_HOP_MSS), see capture.bpf.c */
   SM_CNT_APP_ROUTED,            /* enrolled apps' sockets sockops marked SM_MARK_APP_ROUTE as they
-                                   connected (their route has a lo-sized MTU) */
+                                   connected or were accepted (their route has a lo-sized MTU) */
   SM_CNT_MSS_CLAMPED,           /* SYNs and SYN-ACKs between eth0 and the wire whose MSS option tc
                                    lowered to what eth0's MTU carries, see capture.bpf.c */
   SM_CNT_COUNT,
