@@ -172,9 +172,10 @@ static __always_inline void sm_forget(struct bpf_sock_ops* ops) {
  * MSS derived from that route; a new mark drops the cached route (sk_dst_reset), so both follow
  * the mark's rule. An accepted socket (PASSIVE_ESTABLISHED) sent its SYN-ACK on the pod's route
  * already; its next send looks its route up again under the mark, and TCP raises its MSS to the
- * new path MTU, up to what the peer offered: lo's from the proxy (tc raises the MSS of the SYN-ACK
- * it bounces), eth0's from the wire (tc lowers a larger one). A socket that already has a mark is
- * left alone: the proxy's own, or an app's that routes by it. */
+ * new path MTU, up to what the peer offered: lo's from a proxy that dialled it (that SYN came over
+ * lo), at most eth0's from the wire (tc lowers a larger one). A socket that already has a mark is
+ * left alone: the proxy's own, or an app's that routes by it. So is a socket whose source
+ * address is not the workload's (a second network's, say): it is not the pod's captured traffic. */
 static __always_inline void sm_route_app_socket(struct bpf_sock_ops* ops) {
   struct bpf_sock* sk = ops->sk;
   if (!sk || sk->mark != 0) return;

@@ -38,7 +38,9 @@
  * MTU, so that it sends large segments too. Such a socket's SYN can still reach the wire (the
  * proxy's listener missing under fail-open), so every SYN and SYN-ACK passing between eth0 and the
  * wire, either way, has its MSS lowered to what eth0's MTU carries (MTU less 40, 60 over IPv6):
- * the app and a peer out there agree on segments eth0 takes, as with TCPMSS --clamp-mss-to-pmtu.
+ * the app and a peer out there agree on segments eth0 takes. (TCPMSS --clamp-mss-to-pmtu clamps
+ * to the route's MTU; the device's is that of every route the app route raises, since a route
+ * with an MTU of its own is copied as it is.)
  * Only the first option is looked at, where Linux and the other common stacks put MSS.
  *
  * Counters: each program run counts exactly one decision (see enum sm_counter); tc_payload,

@@ -1,5 +1,6 @@
 #include "loader/attach/netlink.h"
 
+#include <arpa/inet.h>
 #include <linux/fib_rules.h>
 #include <linux/if_link.h>
 #include <linux/ip.h>
@@ -8,6 +9,7 @@
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <cstring>
 #include <ctime>
 #include <vector>
 
@@ -87,12 +89,6 @@ void for_each_msg_attr(const nlmsghdr* nlh, size_t header, auto fn) {
                 nlh->nlmsg_len - MNL_NLMSG_HDRLEN - MNL_ALIGN(header), fn);
 }
 
-std::string describe(const RouteTableCopy& c) {
-  return family_name(c.family) + " routes of table " + std::to_string(c.from) + " into table " +
-         std::to_string(c.to) + " (mtu " + std::to_string(c.mtu) + " out of device #" +
-         std::to_string(c.ifindex) + ")";
-}
-
 uint32_t table_of(const nlmsghdr* nlh) {
   const auto* rtm = static_cast<const rtmsg*>(mnl_nlmsg_get_payload(nlh));
   uint32_t table = rtm->rtm_table;
@@ -111,20 +107,67 @@ int on_route_reply(const nlmsghdr* nlh, void* data) {
   auto* dump = static_cast<RouteDump*>(data);
   if (nlh->nlmsg_type != RTM_NEWROUTE) return MNL_CB_OK;
   const auto* rtm = static_cast<const rtmsg*>(mnl_nlmsg_get_payload(nlh));
-  if (rtm->rtm_type != RTN_UNICAST || (rtm->rtm_flags & RTM_F_CLONED)) return MNL_CB_OK;
+  switch (rtm->rtm_type) {
+    case RTN_UNICAST:
+    case RTN_BLACKHOLE:
+    case RTN_UNREACHABLE:
+    case RTN_PROHIBIT:
+    case RTN_THROW:
+      break;
+    default:  // local, broadcast, multicast...: not in a main table, or not ours to copy
+      return MNL_CB_OK;
+  }
+  if (rtm->rtm_flags & RTM_F_CLONED) return MNL_CB_OK;
   if (table_of(nlh) != dump->table) return MNL_CB_OK;
   const char* begin = reinterpret_cast<const char*>(nlh);
   dump->routes.emplace_back(begin, begin + nlh->nlmsg_len);
   return MNL_CB_OK;
 }
 
-// The device a route leads out of (RTA_OIF; 0 for one without, such as a multipath route).
-int oif_of(const nlmsghdr* nlh) {
-  int oif = 0;
+// What decides how a dumped route is copied.
+struct RouteFacts {
+  int oif = 0;            // RTA_OIF (0 for none, such as a multipath route)
+  bool has_mtu = false;   // an MTU metric of its own
+  bool has_nh_id = false; // a nexthop object (the dump may also carry its OIF and gateway)
+  bool has_encap = false; // a lightweight tunnel
+};
+
+RouteFacts facts_of(const nlmsghdr* nlh) {
+  RouteFacts f;
   for_each_msg_attr(nlh, sizeof(rtmsg), [&](const nlattr* attr) {
-    if (mnl_attr_get_type(attr) == RTA_OIF) oif = static_cast<int>(mnl_attr_get_u32(attr));
+    switch (mnl_attr_get_type(attr)) {
+      case RTA_OIF:
+        f.oif = static_cast<int>(mnl_attr_get_u32(attr));
+        break;
+      case RTA_NH_ID:
+        f.has_nh_id = true;
+        break;
+      case RTA_ENCAP:
+      case RTA_ENCAP_TYPE:
+        f.has_encap = true;
+        break;
+      case RTA_METRICS:
+        for_each_nested(attr, [&](const nlattr* m) {
+          if (mnl_attr_get_type(m) == RTAX_MTU) f.has_mtu = true;
+        });
+        break;
+      default:
+        break;
+    }
   });
-  return oif;
+  return f;
+}
+
+std::string route_text(const nlmsghdr* nlh) {
+  const auto* rtm = static_cast<const rtmsg*>(mnl_nlmsg_get_payload(nlh));
+  std::string dst = "default";
+  for_each_msg_attr(nlh, sizeof(rtmsg), [&](const nlattr* attr) {
+    if (mnl_attr_get_type(attr) != RTA_DST) return;
+    char text[INET6_ADDRSTRLEN] = {};
+    inet_ntop(rtm->rtm_family, mnl_attr_get_payload(attr), text, sizeof(text));
+    dst = std::string(text) + "/" + std::to_string(rtm->rtm_dst_len);
+  });
+  return dst;
 }
 
 // A route message for `table` built from a dumped one: its header and the attributes that say
@@ -142,8 +185,14 @@ nlmsghdr* route_copy_message(char* buf, uint16_t type, uint16_t flags, const nlm
   rtm->rtm_flags &= RTNH_F_ONLINK;
   mnl_attr_put_u32(nlh, RTA_TABLE, table);
   const nlattr* metrics = nullptr;
+  // A route through a nexthop object names only the object: the OIF and gateway a dump may also
+  // carry would be refused beside it.
+  bool nh_object = facts_of(from).has_nh_id;
   for_each_msg_attr(from, sizeof(rtmsg), [&](const nlattr* attr) {
     uint16_t t = mnl_attr_get_type(attr);
+    if (nh_object && (t == RTA_OIF || t == RTA_GATEWAY || t == RTA_VIA || t == RTA_MULTIPATH)) {
+      return;
+    }
     switch (t) {
       case RTA_DST:
       case RTA_SRC:
@@ -285,22 +334,35 @@ Result<std::vector<std::vector<char>>> RouteNetlink::dump_routes(int family, uin
   return std::move(dump.routes);
 }
 
-Result<int> RouteNetlink::add(const RouteTableCopy& copy) {
+Result<RouteCopyReport> RouteNetlink::add(const RouteTableCopy& copy) {
   auto routes = dump_routes(copy.family, copy.from);
   if (!routes) return routes.error();
-  int added = 0;
+  RouteCopyReport report;
   std::vector<char> buf(MNL_SOCKET_BUFFER_SIZE);
   for (const auto& route : *routes) {
     const auto* from = reinterpret_cast<const nlmsghdr*>(route.data());
-    uint32_t mtu = oif_of(from) == copy.ifindex ? copy.mtu : 0;
+    const auto* rtm = static_cast<const rtmsg*>(mnl_nlmsg_get_payload(from));
+    RouteFacts f = facts_of(from);
+    if (f.has_encap) {
+      report.skipped.push_back(route_text(from) + " (a lightweight tunnel)");
+      continue;
+    }
+    // Only a route whose MTU is its device's: tc clamps the wire's MSS to the device's MTU.
+    bool raise = rtm->rtm_type == RTN_UNICAST && f.oif == copy.ifindex && !f.has_mtu;
     int err = request(route_copy_message(buf.data(), RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL,
-                                         from, copy.to, true, mtu),
+                                         from, copy.to, true, raise ? copy.mtu : 0),
                       nullptr, nullptr);
     if (err == -EEXIST) continue;
-    if (err != 0) return Error::from_errno(err, "copying " + describe(copy));
-    ++added;
+    if (err != 0) {
+      // A route this copy cannot express is left out (the caller says so): a lookup in `to`
+      // then takes its broader route, or goes on to the next rule when `to` has none.
+      report.skipped.push_back(route_text(from) + " (" + strerror(-err) + ")");
+      continue;
+    }
+    ++report.added;
+    if (raise) ++report.raised;
   }
-  return added;
+  return report;
 }
 
 Result<int> RouteNetlink::flush(int family, uint32_t table) {

@@ -32,16 +32,22 @@ struct LocalDefaultRoute {
   int ifindex = 0;
 };
 
-// Every unicast route of table `from`, copied into table `to`; those out of device `ifindex` get
-// the MTU metric `mtu` (their other metrics kept), the others are copied as they are, so that a
-// lookup in `to` picks the same route as one in `from`: `ip route show table <from>` replayed
-// with `table <to>`, and `mtu <mtu>` on the routes of that device.
+// Every unicast (and blackhole, unreachable, prohibit, throw) route of table `from`, copied into
+// table `to`, so that a lookup in `to` picks the same route as one in `from`; the unicast routes
+// out of device `ifindex` with no MTU of their own get the MTU metric `mtu` (their other metrics
+// kept): `ip route show table <from>` replayed with `table <to>`, and `mtu <mtu>` on those.
 struct RouteTableCopy {
   int family = 0;
   uint32_t from = 0;
   uint32_t to = 0;
   int ifindex = 0;
   uint32_t mtu = 0;
+};
+
+struct RouteCopyReport {
+  int added = 0;   // routes copied now (those already in `to` are left as they are)
+  int raised = 0;  // of those, how many got `mtu`
+  std::vector<std::string> skipped;  // routes left out, each with why
 };
 
 class RouteNetlink {
@@ -54,8 +60,9 @@ class RouteNetlink {
   Result<bool> remove(const FwmarkRule& rule);
   Result<bool> add(const LocalDefaultRoute& route);
   Result<bool> remove(const LocalDefaultRoute& route);
-  // Returns how many routes were added (those already in `to` are left as they are).
-  Result<int> add(const RouteTableCopy& copy);
+  // A route the copy cannot express (a lightweight tunnel, one the kernel refuses) is left out and
+  // named in the report; only failing to list the routes is an error.
+  Result<RouteCopyReport> add(const RouteTableCopy& copy);
   // Removes every route of one table of one family; returns how many there were.
   Result<int> flush(int family, uint32_t table);
 

@@ -21,8 +21,8 @@ struct InstallOptions {
   std::string cgroup;      // cgroup v2 directory for sockops; empty: the cgroup2 mount's root
   bool bypass = true;      // sockmap bypass of the app <-> proxy hop
   bool fail_open = false;  // pass SYNs uncaptured when the proxy's listener is missing
-  // sockops marks enrolled apps' connecting sockets (SM_MARK_APP_ROUTE), routing them with a
-  // lo-sized MTU; false: they keep the pod's own routes (and eth0-sized segments to the proxy)
+  // sockops marks enrolled apps' sockets, connecting or accepted (SM_MARK_APP_ROUTE), routing
+  // them with a lo-sized MTU; false: they keep the pod's own routes (and eth0-sized segments)
   bool app_route = true;
   // Fault injection for tests: behave as if the kernel refused the bypass programs.
   bool refuse_bypass_for_test = false;

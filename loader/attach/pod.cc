@@ -37,8 +37,10 @@ FwmarkRule app_rule(int family) {
 }
 
 // Only the routes out of the pod's captured device get the large MTU: tc is there to bounce the
-// app's packets (and to clamp the MSS of those that leave). Routes out of other devices (a second
-// network) are copied as they are, so that the table picks the same route as the main one.
+// app's packets, and to clamp the MSS of those that leave to the device's MTU, which is then
+// their path's (a route with an MTU of its own, as some CNIs set below the device's, is copied
+// as it is). Routes out of other devices (a second network) are copied as they are too, so that
+// the table picks the same route as the main one.
 RouteTableCopy app_routes(int family, int ifindex) {
   return RouteTableCopy{family, RT_TABLE_MAIN, SM_APP_ROUTE_TABLE, ifindex, SM_APP_ROUTE_MTU};
 }
@@ -74,13 +76,20 @@ Result<uint32_t> set_up_routing(RouteNetlink& nl, int ifindex, std::vector<std::
     // The apps' captured sockets (SM_MARK_APP_ROUTE): the pod's routes, with a lo-sized MTU.
     auto copied = nl.add(app_routes(family, ifindex));
     if (!copied) return copied.error();
+    for (const auto& skipped : copied->skipped) {
+      SM_WARN("loader") << (family == AF_INET ? "IPv4" : "IPv6") << " route " << skipped
+                        << " not copied into the apps' route table: their marked sockets to it "
+                           "take the table's broader route (the default out of the captured "
+                           "device, where tc captures them), or the pod's own if it has none";
+    }
     auto added_app_rule = nl.add(app_rule(family));
     if (!added_app_rule) return added_app_rule.error();
-    if (*copied > 0 || *added_app_rule) {
+    if (copied->added > 0 || *added_app_rule) {
       changes->push_back(std::string(family == AF_INET ? "IPv4" : "IPv6") +
-                         " routes for the apps' captured sockets (" + std::to_string(*copied) +
-                         " copied, mtu " + std::to_string(SM_APP_ROUTE_MTU) + " out of " +
-                         "the captured device)");
+                         " routes for the apps' captured sockets (" +
+                         std::to_string(copied->added) + " copied, " +
+                         std::to_string(copied->raised) + " of them with mtu " +
+                         std::to_string(SM_APP_ROUTE_MTU) + ")");
     }
   }
   // The bounced packet's source is the pod's own address: a martian unless accept_local.

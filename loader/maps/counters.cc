@@ -39,7 +39,7 @@ constexpr CounterInfo kCounters[] = {
     {"time_wait_reused", "SYNs that reused a TIME_WAIT tuple, given to the proxy's listener"},
     {"captured_dns", "DNS queries to port 53 (UDP datagrams, TCP SYNs) given to the proxy's 15053"},
     {"mss_raised", "bounced SYNs and SYN-ACKs whose MSS option was raised to the local hop's"},
-    {"app_routed", "enrolled apps' connecting sockets given the lo-sized route (SM_MARK_APP_ROUTE)"},
+    {"app_routed", "enrolled apps' sockets (connecting or accepted) given the lo-sized route"},
     {"mss_clamped", "SYNs and SYN-ACKs to or from the wire whose MSS was lowered to eth0's MTU"},
 };
 static_assert(std::size(kCounters) == SM_CNT_COUNT, "name every enum sm_counter value");

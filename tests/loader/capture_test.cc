@@ -9,6 +9,7 @@
 #include <cstring>
 #include <optional>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "base/log.h"
@@ -67,6 +68,18 @@ class CaptureFlowTest : public ::testing::TestWithParam<int> {
 
   uint64_t counter(sm_counter c) { return testing::datapath_counter(install_.root(), c); }
 
+  // net1 in the pod, its peer in the peer's netns: 10.201.0.2/24 and fd00:201::2/64 against .1.
+  void add_second_network() {
+    topo_.pod.ip({"link", "add", "net1", "type", "veth", "peer", "name", "net1", "netns",
+                  topo_.peer.name()});
+    for (auto [ns, v4, v6] : {std::tuple{&topo_.pod, "10.201.0.2/24", "fd00:201::2/64"},
+                              std::tuple{&topo_.peer, "10.201.0.1/24", "fd00:201::1/64"}}) {
+      ns->ip({"addr", "add", v4, "dev", "net1"});
+      ns->ip({"addr", "add", v6, "dev", "net1", "nodad"});
+      ns->ip({"link", "set", "net1", "up"});
+    }
+  }
+
   testing::TestCgroup cgroup_;
   testing::TestInstall install_{cgroup_.path()};
   testing::PodTopology topo_;
@@ -109,42 +122,89 @@ TEST_P(CaptureFlowTest, OutboundConnectionReachesTheProxyWithItsOriginalDestinat
   EXPECT_EQ(counter(SM_CNT_MSS_CLAMPED), 0u) << "nothing offered more than eth0 takes";
 }
 
-// The apps' table: the pod's routes, the large MTU only on those out of eth0, where tc captures;
-// a second network's routes are copied as they are, so that its traffic is routed (and sized) as
-// before. Unenroll takes the table and its rule away (PodIsUntouched... checks the whole pod).
-TEST_P(CaptureFlowTest, AppRouteTableCopiesThePodsRoutesWithTheLargeMtuOnlyOutOfEth0) {
+// The apps' table: the pod's routes, the large MTU only on the unicast ones out of eth0 that have
+// no MTU of their own (tc clamps the wire's MSS to eth0's MTU, which is then their path's). A
+// route with its own MTU (as some CNIs set below the device's), a second network's routes and a
+// blackhole are copied as they are, so that the table picks what the main one would. Unenroll
+// takes the table and its rule away (PodIsUntouched... checks the whole pod).
+TEST_P(CaptureFlowTest, AppRouteTableCopiesThePodsRoutesWithTheLargeMtuOnlyWhereEth0IsThePath) {
   topo_.pod.ip({"link", "add", "net1", "type", "veth", "peer", "name", "net1-peer"});
   topo_.pod.ip({"addr", "add", "10.201.0.2/24", "dev", "net1"});
   topo_.pod.ip({"addr", "add", "fd00:201::2/64", "dev", "net1", "nodad"});
   topo_.pod.ip({"link", "set", "net1", "up"});
-  topo_.pod.ip({"route", "add", "10.202.0.0/16", "via", "10.201.0.1", "dev", "net1"});
-  topo_.pod.ip({"route", "add", "default", "via", "10.200.0.1", "dev", "eth0"});
-  enroll();
+  topo_.pod.ip({"link", "set", "net1-peer", "up"});
   std::string family = v6() ? "-6" : "-4";
-  std::string table = topo_.pod.ip({family, "route", "show", "table", std::to_string(SM_APP_ROUTE_TABLE)});
-  std::string eth0_net = v6() ? "fd00:200::/64 dev eth0" : "10.200.0.0/24 dev eth0";
-  std::string net1_net = v6() ? "fd00:201::/64 dev net1" : "10.201.0.0/24 dev net1";
+  // Each: the route as `ip route add` takes it, and how its copy must read.
+  struct Expected {
+    std::vector<std::string> add;
+    std::string copy_starts;
+    std::string mtu;  // "" for none
+  };
+  std::vector<Expected> routes =
+      v6() ? std::vector<Expected>{
+                 {{"default", "via", "fd00:200::1", "dev", "eth0"}, "default via fd00:200::1 dev eth0", "mtu 65520"},
+                 {{"fd00:203::/48", "via", "fd00:200::1", "dev", "eth0", "mtu", "1400"},
+                  "fd00:203::/48 via fd00:200::1 dev eth0", "mtu 1400"},
+                 {{"fd00:202::/48", "via", "fd00:201::1", "dev", "net1"}, "fd00:202::/48 via fd00:201::1 dev net1", ""},
+                 {{"blackhole", "fd00:204::/48"}, "blackhole fd00:204::/48", ""},
+             }
+           : std::vector<Expected>{
+                 {{"default", "via", "10.200.0.1", "dev", "eth0"}, "default via 10.200.0.1 dev eth0", "mtu 65520"},
+                 {{"10.203.0.0/16", "via", "10.200.0.1", "dev", "eth0", "mtu", "1400"},
+                  "10.203.0.0/16 via 10.200.0.1 dev eth0", "mtu 1400"},
+                 {{"10.202.0.0/16", "via", "10.201.0.1", "dev", "net1"}, "10.202.0.0/16 via 10.201.0.1 dev net1", ""},
+                 {{"blackhole", "10.204.0.0/16"}, "blackhole 10.204.0.0/16", ""},
+             };
+  for (const auto& r : routes) {
+    std::vector<std::string> argv = {family, "route", "add"};
+    argv.insert(argv.end(), r.add.begin(), r.add.end());
+    topo_.pod.ip(argv);
+  }
+  enroll();
+  std::string table =
+      topo_.pod.ip({family, "route", "show", "table", std::to_string(SM_APP_ROUTE_TABLE)});
   auto line_of = [&](const std::string& start) {
     size_t at = table.find(start);
     if (at == std::string::npos) return std::string();
     return table.substr(at, table.find('\n', at) - at);
   };
-  EXPECT_NE(line_of(eth0_net).find("mtu 65520"), std::string::npos) << table;
-  EXPECT_NE(line_of(net1_net), "") << table;
-  EXPECT_EQ(line_of(net1_net).find("mtu"), std::string::npos) << table;
-  if (!v6()) {
-    EXPECT_NE(line_of("default via 10.200.0.1 dev eth0").find("mtu 65520"), std::string::npos)
-        << table;
-    EXPECT_NE(line_of("10.202.0.0/16 via 10.201.0.1 dev net1"), "") << table;
-    EXPECT_EQ(line_of("10.202.0.0/16 via 10.201.0.1 dev net1").find("mtu"), std::string::npos)
-        << table;
+  auto mtu_of = [](const std::string& line) {
+    size_t at = line.find("mtu ");
+    if (at == std::string::npos) return std::string();
+    return line.substr(at, line.find(' ', at + 4) - at);
+  };
+  routes.push_back({{}, v6() ? "fd00:200::/64 dev eth0" : "10.200.0.0/24 dev eth0", "mtu 65520"});
+  routes.push_back({{}, v6() ? "fd00:201::/64 dev net1" : "10.201.0.0/24 dev net1", ""});
+  for (const auto& r : routes) {
+    std::string line = line_of(r.copy_starts);
+    EXPECT_NE(line, "") << r.copy_starts << " must be copied:\n" << table;
+    EXPECT_EQ(mtu_of(line), r.mtu) << line;
   }
   std::string rules = topo_.pod.ip({family, "rule", "show"});
-  EXPECT_NE(rules.find("32100:\tfrom all fwmark 0x100000/0x100000 lookup 21326"), std::string::npos)
+  EXPECT_NE(rules.find("32100:\tfrom all fwmark 0x100000/0x100000 lookup 21326"),
+            std::string::npos)
       << rules;
   unenroll();
   EXPECT_EQ(topo_.pod.ip({family, "route", "show", "table", std::to_string(SM_APP_ROUTE_TABLE)}),
             "");
+}
+
+// A second network attached after enrollment (as Multus does, after the primary chain): a
+// socket whose source address is that network's is not the workload's, so sockops leaves it
+// unmarked and it keeps the pod's routes.
+TEST_P(CaptureFlowTest, SocketOnASecondNetworkAddedAfterEnrollmentKeepsThePodsRoutes) {
+  enroll();
+  add_second_network();
+  IpAddress far = *IpAddress::parse(v6() ? "fd00:201::1" : "10.201.0.1");
+  auto listener = testing::listen_in(topo_.peer.path(), Endpoint{far, 8080});
+  ASSERT_TRUE(listener.valid()) << strerror(errno);
+  auto app = testing::connect_in(topo_.pod.path(), Endpoint{far, 8080});
+  ASSERT_TRUE(app.valid()) << strerror(errno);
+  auto served = testing::accept_within(listener.get(), kTimeoutMs);
+  ASSERT_TRUE(served.valid());
+  EXPECT_EQ(testing::local_of(app.get()).ip.to_string(), v6() ? "fd00:201::2" : "10.201.0.2");
+  EXPECT_EQ(testing::socket_mark(app.get()), 0u);
+  EXPECT_EQ(counter(SM_CNT_APP_ROUTED), 0u);
 }
 
 TEST_P(CaptureFlowTest, AppSocketWithAMarkOfItsOwnKeepsThePodsRoutes) {

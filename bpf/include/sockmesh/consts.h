@@ -47,12 +47,13 @@
 /* ... and for the app's captured sockets (SM_MARK_APP_ROUTE):
  *   ip rule add fwmark SM_MARK_APP_ROUTE/SM_MARK_APP_ROUTE lookup SM_APP_ROUTE_TABLE
  *       pref SM_APP_RULE_PRIORITY
- *   each unicast route of the pod's main table, copied into SM_APP_ROUTE_TABLE, with
- *   mtu SM_APP_ROUTE_MTU on those out of the captured device (eth0) */
+ *   each route of the pod's main table, copied into SM_APP_ROUTE_TABLE, with mtu
+ *   SM_APP_ROUTE_MTU on the unicast ones out of the captured device (eth0) that have no MTU of
+ *   their own */
 #define SM_APP_ROUTE_TABLE 0x534e
 #define SM_APP_RULE_PRIORITY 32100
-/* A route's MTU is at most 65535 (IP_MAX_MTU), below lo's 65536; this one gives an MSS of 65480
- * over IPv4 (65460 over IPv6), so the app's segments are lo-sized as they are to a local peer. */
+/* The largest MTU the kernel keeps for a route (it caps the metric at 65535 - 15): an MSS of
+ * 65480 over IPv4 (65460 over IPv6), so the app's segments are lo-sized as to a local peer. */
 #define SM_APP_ROUTE_MTU 65520
 
 /* String sizes of a workload record, NUL included. */
