@@ -194,16 +194,32 @@ def tear_down_kept(log=None):
 
 
 def _remove_cgroup(path):
-    """Kills everything in the cgroup tree at path and removes it, children first."""
-    if not os.path.isdir(path):
+    """Kills everything in the cgroup tree at path and removes it, children first. A tree that
+    vanishes meanwhile is fine: two tests of one ctest run may sweep the same leftover at once."""
+    try:
+        entries = os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
         return
-    for entry in os.listdir(path):
+    for entry in entries:
         child = os.path.join(path, entry)
         if os.path.isdir(child):
             _remove_cgroup(child)
     try:
         with open(os.path.join(path, "cgroup.kill"), "w") as f:
             f.write("1")
+    except FileNotFoundError:
+        if not os.path.isdir(path):
+            return
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as f:
+                pids = f.read().split()
+        except FileNotFoundError:
+            return
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
     except OSError:
         with open(os.path.join(path, "cgroup.procs")) as f:
             for pid in f.read().split():
@@ -215,6 +231,8 @@ def _remove_cgroup(path):
     while True:
         try:
             os.rmdir(path)
+            return
+        except FileNotFoundError:
             return
         except OSError:
             if time.monotonic() > deadline:
