@@ -176,13 +176,12 @@ static __always_inline void sm_forget(struct bpf_sock_ops* ops) {
  * lo), at most eth0's from the wire (tc lowers a larger one). A socket that already has a mark is
  * left alone: the proxy's own, or an app's that routes by it. So is a socket whose source
  * address is not the workload's (a second network's, say): it is not the pod's captured traffic. */
-static __always_inline void sm_route_app_socket(struct bpf_sock_ops* ops) {
+static __always_inline void sm_route_app_socket(struct bpf_sock_ops* ops,
+                                                const struct sm_flow_key* key) {
   struct bpf_sock* sk = ops->sk;
   if (!sk || sk->mark != 0) return;
-  struct sm_flow_key key = {};
-  if (sm_flow_from_sockops(ops, &key) < 0) return;
-  struct sm_workload* wl = sm_workload_of(&key.local);
-  if (!wl || !(wl->flags & SM_WL_ENROLLED) || wl->netns_cookie != key.netns) return;
+  struct sm_workload* wl = sm_workload_of(&key->local);
+  if (!wl || !(wl->flags & SM_WL_ENROLLED) || wl->netns_cookie != key->netns) return;
   int mark = SM_MARK_APP_ROUTE;
   if (bpf_setsockopt(ops, SM_SOL_SOCKET, SM_SO_MARK, &mark, sizeof(mark)) == 0) {
     sm_count(SM_CNT_APP_ROUTED);
@@ -192,22 +191,24 @@ static __always_inline void sm_route_app_socket(struct bpf_sock_ops* ops) {
 SEC("sockops")
 int sm_sockops(struct bpf_sock_ops* ops) {
   __u32 op = ops->op;
+  struct sm_flow_key key = {};
   if (op == BPF_SOCK_OPS_TCP_CONNECT_CB) {
-    if (cfg_app_route) sm_route_app_socket(ops);
+    if (cfg_app_route && sm_flow_from_sockops(ops, &key) == 0) sm_route_app_socket(ops, &key);
     return 1;
   }
-  if (op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB && cfg_app_route) sm_route_app_socket(ops);
+  if (op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB) {
+    if (sm_flow_from_sockops(ops, &key) < 0) return 1;
+    if (cfg_app_route) sm_route_app_socket(ops, &key);
+    if (cfg_bypass && sm_passive_has_local_peer(&key)) sm_insert(ops, &key);
+    return 1;
+  }
   if (!cfg_bypass) return 1;
-  struct sm_flow_key key = {};
   if (op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB) {
     if (sm_flow_from_sockops(ops, &key) < 0 || !sm_active_has_local_peer(ops, &key)) return 1;
     /* ACTIVE_ESTABLISHED runs before the handshake's last ACK leaves, so the note is there
      * before the passive side looks for it. */
     struct sm_peer_note note = {.created_ns = bpf_ktime_get_ns()};
     if (sm_insert(ops, &key)) bpf_map_update_elem(&sm_await_peer, &key, &note, BPF_ANY);
-  } else if (op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB) {
-    if (sm_flow_from_sockops(ops, &key) < 0 || !sm_passive_has_local_peer(&key)) return 1;
-    sm_insert(ops, &key);
   } else if (op == BPF_SOCK_OPS_STATE_CB) {
     if (ops->args[1] == BPF_TCP_CLOSE) sm_forget(ops);
   }

@@ -174,7 +174,8 @@ std::string route_text(const nlmsghdr* nlh) {
 // where the route leads (destination, gateway, device, source, priority, nexthops); for an add,
 // its metrics, with the MTU replaced when `mtu` is not 0 (a delete passes no metrics).
 nlmsghdr* route_copy_message(char* buf, uint16_t type, uint16_t flags, const nlmsghdr* from,
-                             uint32_t table, bool metrics_too, uint32_t mtu) {
+                             const RouteFacts& facts, uint32_t table, bool metrics_too,
+                             uint32_t mtu) {
   nlmsghdr* nlh = mnl_nlmsg_put_header(buf);
   nlh->nlmsg_type = type;
   nlh->nlmsg_flags = NLM_F_REQUEST | NLM_F_ACK | flags;
@@ -187,10 +188,9 @@ nlmsghdr* route_copy_message(char* buf, uint16_t type, uint16_t flags, const nlm
   const nlattr* metrics = nullptr;
   // A route through a nexthop object names only the object: the OIF and gateway a dump may also
   // carry would be refused beside it.
-  bool nh_object = facts_of(from).has_nh_id;
   for_each_msg_attr(from, sizeof(rtmsg), [&](const nlattr* attr) {
     uint16_t t = mnl_attr_get_type(attr);
-    if (nh_object && (t == RTA_OIF || t == RTA_GATEWAY || t == RTA_VIA || t == RTA_MULTIPATH)) {
+    if (facts.has_nh_id && (t == RTA_OIF || t == RTA_GATEWAY || t == RTA_VIA || t == RTA_MULTIPATH)) {
       return;
     }
     switch (t) {
@@ -231,9 +231,7 @@ nlmsghdr* route_copy_message(char* buf, uint16_t type, uint16_t flags, const nlm
 // Walks IFLA_AF_SPEC -> AF_INET -> IFLA_INET_CONF (an array of u32, index = IPV4_DEVCONF_* - 1).
 int on_link_reply(const nlmsghdr* nlh, void* data) {
   auto* q = static_cast<DevconfQuery*>(data);
-  const void* attrs = mnl_nlmsg_get_payload_offset(nlh, sizeof(ifinfomsg));
-  size_t len = nlh->nlmsg_len - MNL_NLMSG_HDRLEN - MNL_ALIGN(sizeof(ifinfomsg));
-  for_each_attr(attrs, len, [&](const nlattr* attr) {
+  for_each_msg_attr(nlh, sizeof(ifinfomsg), [&](const nlattr* attr) {
     if (mnl_attr_get_type(attr) != IFLA_AF_SPEC) return;
     for_each_nested(attr, [&](const nlattr* af) {
       if (mnl_attr_get_type(af) != AF_INET) return;
@@ -350,7 +348,7 @@ Result<RouteCopyReport> RouteNetlink::add(const RouteTableCopy& copy) {
     // Only a route whose MTU is its device's: tc clamps the wire's MSS to the device's MTU.
     bool raise = rtm->rtm_type == RTN_UNICAST && f.oif == copy.ifindex && !f.has_mtu;
     int err = request(route_copy_message(buf.data(), RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL,
-                                         from, copy.to, true, raise ? copy.mtu : 0),
+                                         from, f, copy.to, true, raise ? copy.mtu : 0),
                       nullptr, nullptr);
     if (err == -EEXIST) continue;
     if (err != 0) {
@@ -372,8 +370,9 @@ Result<int> RouteNetlink::flush(int family, uint32_t table) {
   std::vector<char> buf(MNL_SOCKET_BUFFER_SIZE);
   for (const auto& route : *routes) {
     const auto* from = reinterpret_cast<const nlmsghdr*>(route.data());
-    int err = request(route_copy_message(buf.data(), RTM_DELROUTE, 0, from, table, false, 0),
-                      nullptr, nullptr);
+    int err = request(
+        route_copy_message(buf.data(), RTM_DELROUTE, 0, from, facts_of(from), table, false, 0),
+        nullptr, nullptr);
     if (err == -ESRCH || err == -ENOENT) continue;
     if (err != 0) {
       return Error::from_errno(err, "removing the " + family_name(family) + " routes of table " +

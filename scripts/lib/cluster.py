@@ -207,9 +207,7 @@ def _remove_cgroup(path):
     try:
         with open(os.path.join(path, "cgroup.kill"), "w") as f:
             f.write("1")
-    except FileNotFoundError:
-        if not os.path.isdir(path):
-            return
+    except OSError:  # a kernel before cgroup.kill (5.14), or the tree is gone
         try:
             with open(os.path.join(path, "cgroup.procs")) as f:
                 pids = f.read().split()
@@ -220,13 +218,6 @@ def _remove_cgroup(path):
                 os.kill(int(pid), signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    except OSError:
-        with open(os.path.join(path, "cgroup.procs")) as f:
-            for pid in f.read().split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
     deadline = time.monotonic() + 5
     while True:
         try:

@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 #include <optional>
-#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -247,19 +246,12 @@ TEST_P(CaptureFlowTest, AppSocketWhoseSynFailsOpenAgreesOnEth0SizedSegments) {
   EXPECT_LE(testing::max_segment(app.get()), 1460) << "the app's segments to the wire";
   EXPECT_LE(testing::max_segment(served.get()), 1460) << "the peer's segments to the pod";
   // And bytes cross both ways at that size.
-  auto up = testing::pattern(size_t{512} * 1024, 6);
-  auto down = testing::pattern(size_t{512} * 1024, 7);
-  std::thread sender([&] { EXPECT_TRUE(testing::send_all(app.get(), up.data(), up.size())); });
-  std::vector<uint8_t> got(up.size());
-  EXPECT_TRUE(testing::recv_exact(served.get(), got.data(), got.size(), kTimeoutMs));
-  sender.join();
-  EXPECT_EQ(got, up);
-  std::thread replier(
-      [&] { EXPECT_TRUE(testing::send_all(served.get(), down.data(), down.size())); });
-  std::vector<uint8_t> back(down.size());
-  EXPECT_TRUE(testing::recv_exact(app.get(), back.data(), back.size(), kTimeoutMs));
-  replier.join();
-  EXPECT_EQ(back, down);
+  EXPECT_TRUE(testing::send_and_receive(app.get(), served.get(),
+                                        testing::pattern(size_t{512} * 1024, 6), kTimeoutMs))
+      << "app -> peer";
+  EXPECT_TRUE(testing::send_and_receive(served.get(), app.get(),
+                                        testing::pattern(size_t{512} * 1024, 7), kTimeoutMs))
+      << "peer -> app";
 }
 
 TEST_P(CaptureFlowTest, InboundConnectionToAnAppPortLandsOn15006) {
@@ -330,12 +322,9 @@ TEST_P(CaptureFlowTest, AppsAcceptedSocketAnswersTheRelayInLoSizedSegments) {
   auto app = testing::accept_within(app_listener.get(), kTimeoutMs);
   ASSERT_TRUE(app.valid()) << "the relay's dial must reach the app";
   EXPECT_EQ(testing::peer_of(app.get()).ip, peer_ip()) << "the client's address, kept";
-  auto answer = testing::pattern(size_t{512} * 1024, 8);
-  std::thread sender([&] { EXPECT_TRUE(testing::send_all(app.get(), answer.data(), answer.size())); });
-  std::vector<uint8_t> got(answer.size());
-  EXPECT_TRUE(testing::recv_exact(client.get(), got.data(), got.size(), kTimeoutMs));
-  sender.join();
-  EXPECT_EQ(got, answer);
+  EXPECT_TRUE(testing::send_and_receive(app.get(), client.get(),
+                                        testing::pattern(size_t{512} * 1024, 8), kTimeoutMs))
+      << "the app's answer, through the relay, to the client";
   EXPECT_EQ(testing::socket_mark(app.get()), SM_MARK_APP_ROUTE);
   EXPECT_GT(testing::max_segment(app.get()), 16000) << "the app's segments to the relay";
   EXPECT_EQ(counter(SM_CNT_APP_ROUTED), 1u) << "the app's accepted socket; not the relay's dial";

@@ -144,14 +144,18 @@ std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
   return out;
 }
 
-bool echo_round_trip(int fd, const std::vector<uint8_t>& data, int timeout_ms) {
-  std::vector<uint8_t> back(data.size());
+bool send_and_receive(int from, int to, const std::vector<uint8_t>& data, int timeout_ms) {
+  std::vector<uint8_t> got(data.size());
   std::atomic<bool> sent_ok{false};
-  std::thread sender([&] { sent_ok = send_all(fd, data.data(), data.size()); });
-  bool received = recv_exact(fd, back.data(), back.size(), timeout_ms);
-  if (!received) shutdown(fd, SHUT_RDWR);  // unblock the sender
+  std::thread sender([&] { sent_ok = send_all(from, data.data(), data.size()); });
+  bool received = recv_exact(to, got.data(), got.size(), timeout_ms);
+  if (!received) shutdown(from, SHUT_RDWR);  // unblock the sender
   sender.join();
-  return received && sent_ok && back == data;
+  return received && sent_ok && got == data;
+}
+
+bool echo_round_trip(int fd, const std::vector<uint8_t>& data, int timeout_ms) {
+  return send_and_receive(fd, fd, data, timeout_ms);
 }
 
 Server::Server(UniqueFd listener) : listener_(std::move(listener)) {}

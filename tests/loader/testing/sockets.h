@@ -43,8 +43,10 @@ bool send_all(int fd, const uint8_t* data, size_t n);
 bool recv_exact(int fd, uint8_t* data, size_t n, int timeout_ms);
 std::vector<uint8_t> pattern(size_t n, uint32_t seed);
 
-// Sends `data` and reads the same number of bytes back while sending (so that neither side's
-// buffers fill up); true when the echo equals `data`.
+// Sends `data` on `from` (in a thread) while reading as many bytes on `to` (so that neither side's
+// buffers fill up); true when all was sent and what arrived equals `data`.
+bool send_and_receive(int from, int to, const std::vector<uint8_t>& data, int timeout_ms);
+// send_and_receive on one socket whose peer echoes.
 bool echo_round_trip(int fd, const std::vector<uint8_t>& data, int timeout_ms);
 
 // Something that accepts connections on a listener in a thread and serves each in its own thread.
