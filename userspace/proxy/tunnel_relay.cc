@@ -87,6 +87,11 @@ void TunnelRelay::read_socket() {
         net::unread_bytes(socket_) > net::kMaxUnreadBeforePause) {
       read_paused_();
     }
+    // A short read took what was queued: wait now rather than make a read that says EAGAIN.
+    // The wait re-arms the socket in epoll (epoll_ctl), and re-arming reports it readable at
+    // once if bytes are still there (a bypassed socket, read by tcp_bpf, can answer short with
+    // more queued), so nothing is left behind.
+    if (n < net::kRelayBufferBytes) break;
   }
   reading_ = true;
   socket_.async_wait(Tcp::socket::wait_read,
