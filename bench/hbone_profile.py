@@ -21,7 +21,9 @@ import collections
 import os
 import subprocess
 import sys
+import re
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -30,6 +32,7 @@ sys.path.insert(0, HERE)
 import cluster as cb  # noqa: E402
 from benchlib import cpu_ticks, voluntary_switches  # noqa: E402
 
+MESH_PATHS = ("bypass", "nobypass")  # the node proxies' rows; the others are floor relays
 SYSCALLS = ["sendto", "recvfrom", "sendmsg", "recvmsg", "read", "write", "epoll_wait",
             "epoll_ctl", "ioctl"]
 
@@ -50,11 +53,33 @@ def cpu_split(pid_list, work):
 
 def sides(combo):
     """[client-side pid, server-side pid] of the path's two proxies or relays."""
-    if combo.path == "bypass":
+    if combo.path in MESH_PATHS:
         return [str(node.proxy.pid) for node in combo.cluster.nodes[:2]]
     p1, p2 = cb.FLOOR_PORTS[combo.path]
     return pids("sockmesh-loadgen relay --listen 127.0.0.1:%d " % p1) + pids(
         "sockmesh-loadgen relay --listen %s:%d " % (combo.server.ip, p2))
+
+
+def sockets_midway(pods, work, after):
+    """Runs work() and, `after` seconds into it, lists the TCP sockets of the pods' netns
+    (`ss -tni`): [(pod ip, local, peer, segments out, of them with data)]. A socket whose
+    segments out are nearly all without data is answering each message it gets with an ACK of
+    its own."""
+    seen = []
+    t = threading.Thread(target=work)
+    t.start()
+    time.sleep(after)
+    for pod in pods:
+        text = pod.sh(["ss", "-tniH", "state", "established"], in_cgroup=False)
+        for m in re.finditer(r"(\S+:\d+)\s+(\S+:\d+)\s*\n?(.*?)(?=\n\S|\Z)", text, re.S):
+            info = m.group(3)
+            segs = re.search(r"\bsegs_out:(\d+)", info)
+            data = re.search(r"\bdata_segs_out:(\d+)", info)
+            if segs:
+                seen.append((pod.ip, m.group(1), m.group(2), int(segs.group(1)),
+                             int(data.group(1)) if data else 0))
+    t.join()
+    return seen
 
 
 def perf_stat(pid_list, events, work):
@@ -152,12 +177,14 @@ def main(argv):
     ap.add_argument("--mib", type=int, default=1024)
     ap.add_argument("--rtts", type=int, default=20000)
     ap.add_argument("--paths", default="bypass,tlsfloor,h2floor",
-                    help="bypass and the floor rows to profile (tlsfloor, h2floor)")
+                    help="the rows to profile: bypass, nobypass (the proxies without the sockmap "
+                    "bypass), tlsfloor, h2floor")
     o = ap.parse_args(argv)
     bench = cb.ClusterBench(cb.parse_args(["--build-dir", o.build_dir, "--paths",
                                            o.paths, "--topologies", "cross",
                                            "--reps", "1", "--first-byte-conns", "0"]))
     rows = []
+    socket_rows = []
     try:
         bench.setup()
         for combo in bench.combos:
@@ -181,29 +208,41 @@ def main(argv):
 
             s = perf_stat(procs, ["raw_syscalls:sys_enter", "task-clock"], measured_stream)
             r = perf_stat(procs, ["syscalls:sys_enter_" + c for c in SYSCALLS], rtts)
+            c0 = cb.cgroup_cpu_seconds(combo.cluster.cgroup)
             split = cpu_split(procs, rtts)
+            split = split + (cb.cgroup_cpu_seconds(combo.cluster.cgroup) - c0,)
+            # a round trip takes 100-200 µs here: look a quarter of the way in
+            sockets = sockets_midway([combo.client, combo.server], rtts, o.rtts * 50e-6)
             places = perf_places(procs, stream)
             traced = perf_trace_times(procs, stream)
             rows.append((combo.path, s, r, places, split, stream_split[0], traced))
+            socket_rows.append((combo.path, sockets))
     finally:
         bench.cleanup()
-    names = {"bypass": "(2) sockmesh proxies", "tlsfloor": "(t) TLS floor relays",
+    names = {"bypass": "(2) sockmesh proxies", "nobypass": "(3) sockmesh proxies, no bypass",
+             "tlsfloor": "(t) TLS floor relays",
              "h2floor": "(th) HTTP/2 floor relays"}
     print("\n| | syscalls / MiB | task-clock ms / GiB | CPU ms / GiB: user | system | "
-          "apps and the rest | syscalls / round trip | CPU µs / round trip: user | system |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for path, s, r, _, (user, system), (s_user, s_system, s_whole, _, _), _ in rows:
+          "apps and the rest | syscalls / round trip | CPU µs / round trip: user | system | "
+          "apps and the rest |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for path, s, r, _, (user, system, whole), (s_user, s_system, s_whole, _, _), _ in rows:
         per_rt = sum(r.values()) / o.rtts
         per_gib = 1e3 * 1024 / o.mib
-        print("| %s | %.1f | %.0f | %.0f | %.0f | %.0f | %.1f | %.1f | %.1f |" % (
+        print("| %s | %.1f | %.0f | %.0f | %.0f | %.0f | %.1f | %.1f | %.1f | %.1f |" % (
             names[path], s["raw_syscalls:sys_enter"] / o.mib, s["task-clock"] * 1024 / o.mib,
             s_user * per_gib, s_system * per_gib, (s_whole - s_user - s_system) * per_gib,
-            per_rt, user * 1e6 / o.rtts, system * 1e6 / o.rtts))
+            per_rt, user * 1e6 / o.rtts, system * 1e6 / o.rtts,
+            (whole - user - system) * 1e6 / o.rtts))
     print("\nUser and system CPU are those of the two proxies (or relays) only, from "
           "/proc/<pid>/stat; system includes the softirq work charged to them (the sends they "
           "make deliver the packets to the next socket). \"apps and the rest\": the path's "
           "cgroup v2 tree (as in the cluster bench's CPU s/GB) less those two: the client and "
-          "server apps and the softirq work charged to them.")
+          "server apps and the softirq work charged to them. With the sockmap bypass an app's "
+          "answer reaches its proxy through sk_msg, not through the app's own TCP socket, so that "
+          "socket never sends data and never enters TCP's ping-pong mode: it acknowledges each "
+          "message the proxy sends it with an ACK of its own (bounced by tc), where without the "
+          "bypass the ACK rides on the answer.")
     print("\nThe stream's CPU by side, ms per GiB (client side: node-a's proxy, or the relay in "
           "the client pod; server side: node-b's proxy, or the relay in the server pod):\n")
     print("| | client side: user | system | sleeps / MiB | server side: user | system | "
@@ -221,6 +260,13 @@ def main(argv):
         print("- %s: %s" % (names[path], ", ".join(
             "%s %.2f" % (k.split("sys_enter_")[1], v / o.rtts) for k, v in sorted(r.items())
             if v > 0)))
+    print("\nTCP sockets of the two pods a quarter of the way into the round trips (`ss -tni` "
+          "in each pod's netns): local → peer, segments sent, of them with data. A socket that "
+          "sends nothing but ACKs, one per message it gets, is a pod's app with the bypass:")
+    for path, sockets in socket_rows:
+        print("- %s: %s" % (names[path], "; ".join(
+            "%s → %s %d, %d with data" % (local, peer, segs, data)
+            for _, local, peer, segs, data in sockets)))
     print("\nperf record samples per MiB of the stream (499 Hz), by place:")
     for path, _, _, places, _, _, _ in rows:
         print("- %s: %s" % (names[path], ", ".join(
