@@ -1,15 +1,19 @@
 #!/usr/bin/python3
 """Where sockmesh's HBONE path spends more than the TLS floor (issue 16 item 3; root).
 
-On the cluster bench's pods (bench/cluster.py), across nodes: the two node proxies of (2) against
-the two relays of (t) (mutual TLS 1.3, no HTTP/2) and of (th) ((t) with one HTTP/2 CONNECT stream
-inside the TLS), for the same work, one after the other:
+On the cluster bench's pods (bench/cluster.py), across nodes: the two node proxies of (2) (and
+of (3), the same without the sockmap bypass, with --paths nobypass) against the two relays of (t)
+(mutual TLS 1.3, no HTTP/2) and of (th) ((t) with one HTTP/2 CONNECT stream inside the TLS), for
+the same work, one after the other:
   - 1 stream of --mib MiB: syscalls per MiB and task-clock ms per GiB of the two processes
     (perf stat -e raw_syscalls:sys_enter,task-clock -p <pids>), their user and system CPU
     time per GiB (/proc/<pid>/stat), in all and by side (client's node, server's node), and
     their voluntary context switches (sleeps and wake-ups) per MiB;
   - --rtts round trips of 1 KiB: syscalls per round trip, and the calls that make them; then
-    again, the user and system CPU time of the two processes per round trip (/proc/<pid>/stat);
+    again, the user and system CPU time of the two processes per round trip (/proc/<pid>/stat)
+    and that of the rest of the path's cgroup (the apps, and the softirq work charged to them);
+    and once more, listing the pods' TCP sockets partway (`ss -tni`: segments out, of them with
+    data), which shows the apps' pure ACKs under the bypass;
   - the same stream under perf record: the samples of the two processes by where they were
     (kernel send path, kernel receive path, softirq, crypto, memcpy, the rest), per MiB;
   - the same stream under perf trace -s, each side apart: the time spent inside each system call
@@ -64,21 +68,34 @@ def sockets_midway(pods, work, after):
     """Runs work() and, `after` seconds into it, lists the TCP sockets of the pods' netns
     (`ss -tni`): [(pod ip, local, peer, segments out, of them with data)]. A socket whose
     segments out are nearly all without data is answering each message it gets with an ACK of
-    its own."""
+    its own. An error of work() is raised here, after the listing."""
     seen = []
-    t = threading.Thread(target=work)
+    failed = []
+
+    def run_work():
+        try:
+            work()
+        except Exception as e:  # noqa: BLE001 - handed to the caller below
+            failed.append(e)
+
+    t = threading.Thread(target=run_work)
     t.start()
-    time.sleep(after)
-    for pod in pods:
-        text = pod.sh(["ss", "-tniH", "state", "established"], in_cgroup=False)
-        for m in re.finditer(r"(\S+:\d+)\s+(\S+:\d+)\s*\n?(.*?)(?=\n\S|\Z)", text, re.S):
-            info = m.group(3)
-            segs = re.search(r"\bsegs_out:(\d+)", info)
-            data = re.search(r"\bdata_segs_out:(\d+)", info)
-            if segs:
-                seen.append((pod.ip, m.group(1), m.group(2), int(segs.group(1)),
-                             int(data.group(1)) if data else 0))
-    t.join()
+    try:
+        time.sleep(after)
+        for pod in pods:
+            text = pod.sh(["ss", "-tniH", "state", "established"], in_cgroup=False)
+            # A socket's line, then its info on the next line, which starts with a tab.
+            for m in re.finditer(r"(\S+:\d+)[ \t]+(\S+:\d+)[ \t]*\n\t([^\n]*)", text):
+                info = m.group(3)
+                segs = re.search(r"\bsegs_out:(\d+)", info)
+                data = re.search(r"\bdata_segs_out:(\d+)", info)
+                if segs:
+                    seen.append((pod.ip, m.group(1), m.group(2), int(segs.group(1)),
+                                 int(data.group(1)) if data else 0))
+    finally:
+        t.join()
+    if failed:
+        raise failed[0]
     return seen
 
 
@@ -211,7 +228,7 @@ def main(argv):
             c0 = cb.cgroup_cpu_seconds(combo.cluster.cgroup)
             split = cpu_split(procs, rtts)
             split = split + (cb.cgroup_cpu_seconds(combo.cluster.cgroup) - c0,)
-            # a round trip takes 100-200 µs here: look a quarter of the way in
+            # a round trip takes 100-200 µs here: look about a quarter of the way in
             sockets = sockets_midway([combo.client, combo.server], rtts, o.rtts * 50e-6)
             places = perf_places(procs, stream)
             traced = perf_trace_times(procs, stream)
@@ -260,9 +277,10 @@ def main(argv):
         print("- %s: %s" % (names[path], ", ".join(
             "%s %.2f" % (k.split("sys_enter_")[1], v / o.rtts) for k, v in sorted(r.items())
             if v > 0)))
-    print("\nTCP sockets of the two pods a quarter of the way into the round trips (`ss -tni` "
-          "in each pod's netns): local → peer, segments sent, of them with data. A socket that "
-          "sends nothing but ACKs, one per message it gets, is a pod's app with the bypass:")
+    print("\nTCP sockets of the two pods about a quarter of the way into the round trips "
+          "(`ss -tni` in each pod's netns): local → peer, segments sent, of them with data. A "
+          "socket that sends nothing but ACKs, one per message it gets, is a pod's app with the "
+          "bypass:")
     for path, sockets in socket_rows:
         print("- %s: %s" % (names[path], "; ".join(
             "%s → %s %d, %d with data" % (local, peer, segs, data)
