@@ -41,11 +41,13 @@ def run_manifest_tests(what, tools=("podman", "bpftool", "curl")):
     unittest.main(module="__main__", verbosity=2)
 
 
-def build_image():
-    """Runs scripts/image; returns (image reference, its last line: id and size)."""
-    # Prebuilt: the other tests of the run use the same binaries, which must not be relinked now.
-    out = run(["env", "SOCKMESH_IMAGE_PREBUILT=1", os.path.join(SOURCE, "scripts", "image")],
-              timeout=900)
+def build_image(prebuilt=True):
+    """Runs scripts/image; returns (image reference, its last line: id and size). prebuilt (the
+    deploy tests): the image takes the binaries as built, since the other tests of the run use
+    them and must not have them relinked under them; else (the demo) scripts/image builds them
+    first if they are stale."""
+    argv = [os.path.join(SOURCE, "scripts", "image")]
+    out = run((["env", "SOCKMESH_IMAGE_PREBUILT=1"] if prebuilt else []) + argv, timeout=900)
     tag = run([os.path.join(SOURCE, "scripts", "image"), "--print-tag"]).strip()
     return tag, out.strip().splitlines()[-1]
 

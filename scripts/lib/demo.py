@@ -102,7 +102,7 @@ def demo(keep, containers=False, xds=False, dual_stack=True):
         # The chart's containers instead of the binaries: scripts/image builds the image, the
         # chart is rendered per node and its pod templates run under podman (chart_runtime).
         import chart_runtime
-        image, summary = chart_runtime.build_image()
+        image, summary = chart_runtime.build_image(prebuilt=False)
         say(summary)
         # With --xds the chart's ambient profile: xDS and certificates from the fake istiod.
         runtime = chart_runtime.ChartRuntime(image, values={"profile": "ambient"} if xds else None)
