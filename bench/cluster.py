@@ -777,24 +777,24 @@ class ClusterBench:
                          100 * v["tp8"] / base["tp8"], pr.get("splice", 0), pr.get("copy", 0))
                      + floor_note)
 
-        def rep_ratios(a, b):
-            """CPU s/GB of a over b, repetition by repetition (each pair ran in one round of the
-            interleaving): the spread says how far one run's ratio can be trusted."""
-            r = sorted(x / y for x, y in zip(a["cpu_gb_all"], b["cpu_gb_all"]) if y > 0)
+        def by_repetition(values, fmt):
+            """Per-repetition figures of a pair of rows (each pair from one round of the
+            interleaving, so a machine that speeds up or slows down between rounds moves both
+            alike): (text of their range and median, the median or None)."""
+            r = sorted(values)
             if not r:
-                return "by repetition: none"
-            return "by repetition %.2f–%.2f×, median %.2f×" % (r[0], r[-1],
-                                                              statistics.median(r))
+                return "by repetition: none", None
+            m = statistics.median(r)
+            return ("by repetition " + fmt + " to " + fmt + ", median " + fmt) % (r[0], r[-1], m), m
+
+        def rep_ratios(a, b):
+            """CPU s/GB of a over b: the spread says how far one run's ratio can be trusted."""
+            return by_repetition([x / y for x, y in zip(a["cpu_gb_all"], b["cpu_gb_all"]) if y > 0],
+                                 "%.2f×")[0]
 
         def rep_gaps(a, b):
-            """RTT p50 of a less that of b, repetition by repetition (each pair from one round
-            of the interleaving, so a machine that speeds up or slows down between rounds moves
-            both of a pair alike): (text, median gap, or None without repetitions)."""
-            g = sorted(x - y for x, y in zip(a["p50_all"], b["p50_all"]))
-            if not g:
-                return "by repetition: none", None
-            m = statistics.median(g)
-            return "by repetition %+.1f to %+.1f µs, median %+.1f" % (g[0], g[-1], m), m
+            """RTT p50 of a less that of b, µs: (text, median gap or None)."""
+            return by_repetition([x - y for x, y in zip(a["p50_all"], b["p50_all"])], "%+.1f µs")
 
         v, t = s.get("bypass/cross"), s.get("tlsfloor/cross")
         if v is not None and t is not None:

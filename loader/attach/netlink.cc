@@ -14,9 +14,10 @@
 #include <vector>
 
 namespace sockmesh::loader {
-namespace {
 
 std::string family_name(int family) { return family == AF_INET6 ? "IPv6" : "IPv4"; }
+
+namespace {
 
 std::string describe(const FwmarkRule& r) {
   return family_name(r.family) + " rule fwmark " + std::to_string(r.mark) + "/" +
@@ -126,10 +127,10 @@ int on_route_reply(const nlmsghdr* nlh, void* data) {
 
 // What decides how a dumped route is copied.
 struct RouteFacts {
-  int oif = 0;            // RTA_OIF (0 for none, such as a multipath route)
-  bool has_mtu = false;   // an MTU metric of its own
-  bool has_nh_id = false; // a nexthop object (the dump may also carry its OIF and gateway)
-  bool has_encap = false; // a lightweight tunnel
+  int oif = 0;             // RTA_OIF (0 for none, such as a multipath route)
+  bool has_mtu = false;    // an MTU metric of its own
+  bool has_nh_id = false;  // a nexthop object (the dump may also carry its OIF and gateway)
+  bool has_encap = false;  // a lightweight tunnel
 };
 
 RouteFacts facts_of(const nlmsghdr* nlh) {
@@ -190,9 +191,8 @@ nlmsghdr* route_copy_message(char* buf, uint16_t type, uint16_t flags, const nlm
   // carry would be refused beside it.
   for_each_msg_attr(from, sizeof(rtmsg), [&](const nlattr* attr) {
     uint16_t t = mnl_attr_get_type(attr);
-    if (facts.has_nh_id && (t == RTA_OIF || t == RTA_GATEWAY || t == RTA_VIA || t == RTA_MULTIPATH)) {
-      return;
-    }
+    bool nexthop_detail = t == RTA_OIF || t == RTA_GATEWAY || t == RTA_VIA || t == RTA_MULTIPATH;
+    if (facts.has_nh_id && nexthop_detail) return;
     switch (t) {
       case RTA_DST:
       case RTA_SRC:
@@ -326,8 +326,8 @@ Result<std::vector<std::vector<char>>> RouteNetlink::dump_routes(int family, uin
   dump.table = table;
   int err = request(nlh, on_route_reply, &dump);
   if (err != 0) {
-    return Error::from_errno(err, "listing the " + family_name(family) + " routes of table " +
-                                      std::to_string(table));
+    return Error::from_errno(
+        err, "listing the " + family_name(family) + " routes of table " + std::to_string(table));
   }
   return std::move(dump.routes);
 }
@@ -347,8 +347,8 @@ Result<RouteCopyReport> RouteNetlink::add(const RouteTableCopy& copy) {
     }
     // Only a route whose MTU is its device's: tc clamps the wire's MSS to the device's MTU.
     bool raise = rtm->rtm_type == RTN_UNICAST && f.oif == copy.ifindex && !f.has_mtu;
-    int err = request(route_copy_message(buf.data(), RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL,
-                                         from, f, copy.to, true, raise ? copy.mtu : 0),
+    int err = request(route_copy_message(buf.data(), RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL, from,
+                                         f, copy.to, true, raise ? copy.mtu : 0),
                       nullptr, nullptr);
     if (err == -EEXIST) continue;
     if (err != 0) {
@@ -375,8 +375,8 @@ Result<int> RouteNetlink::flush(int family, uint32_t table) {
         nullptr, nullptr);
     if (err == -ESRCH || err == -ENOENT) continue;
     if (err != 0) {
-      return Error::from_errno(err, "removing the " + family_name(family) + " routes of table " +
-                                        std::to_string(table));
+      return Error::from_errno(
+          err, "removing the " + family_name(family) + " routes of table " + std::to_string(table));
     }
     ++removed;
   }

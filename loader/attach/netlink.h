@@ -50,6 +50,9 @@ struct RouteCopyReport {
   std::vector<std::string> skipped;  // routes left out, each with why
 };
 
+// "IPv4" or "IPv6", for messages.
+std::string family_name(int family);
+
 class RouteNetlink {
  public:
   // A NETLINK_ROUTE socket bound in the calling thread's current netns.

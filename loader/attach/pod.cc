@@ -70,14 +70,13 @@ Result<uint32_t> set_up_routing(RouteNetlink& nl, int ifindex, std::vector<std::
     auto added_rule = nl.add(capture_rule(family));
     if (!added_rule) return added_rule.error();
     if (*added_route || *added_rule) {
-      changes->push_back(std::string(family == AF_INET ? "IPv4" : "IPv6") +
-                         " policy routing for bounced packets");
+      changes->push_back(family_name(family) + " policy routing for bounced packets");
     }
     // The apps' captured sockets (SM_MARK_APP_ROUTE): the pod's routes, with a lo-sized MTU.
     auto copied = nl.add(app_routes(family, ifindex));
     if (!copied) return copied.error();
     for (const auto& skipped : copied->skipped) {
-      SM_WARN("loader") << (family == AF_INET ? "IPv4" : "IPv6") << " route " << skipped
+      SM_WARN("loader") << family_name(family) << " route " << skipped
                         << " not copied into the apps' route table: their marked sockets to it "
                            "take the table's broader route (the default out of the captured "
                            "device, where tc captures them), or the pod's own if it has none";
@@ -85,8 +84,7 @@ Result<uint32_t> set_up_routing(RouteNetlink& nl, int ifindex, std::vector<std::
     auto added_app_rule = nl.add(app_rule(family));
     if (!added_app_rule) return added_app_rule.error();
     if (copied->added > 0 || *added_app_rule) {
-      changes->push_back(std::string(family == AF_INET ? "IPv4" : "IPv6") +
-                         " routes for the apps' captured sockets (" +
+      changes->push_back(family_name(family) + " routes for the apps' captured sockets (" +
                          std::to_string(copied->added) + " copied, " +
                          std::to_string(copied->raised) + " of them with mtu " +
                          std::to_string(SM_APP_ROUTE_MTU) + ")");
@@ -117,8 +115,7 @@ Status tear_down_routing(RouteNetlink& nl, int ifindex, uint32_t loader_flags,
     auto removed_app_routes = nl.flush(family, SM_APP_ROUTE_TABLE);
     if (!removed_app_routes) return removed_app_routes.error();
     if (*removed_rule || *removed_route || *removed_app_rule || *removed_app_routes > 0) {
-      changes->push_back(std::string("removed ") + (family == AF_INET ? "IPv4" : "IPv6") +
-                         " policy routing");
+      changes->push_back("removed " + family_name(family) + " policy routing");
     }
   }
   if ((loader_flags & SM_WL_SET_ACCEPT_LOCAL) && ifindex > 0) {

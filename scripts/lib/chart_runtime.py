@@ -46,9 +46,9 @@ def build_image(prebuilt=True):
     deploy tests): the image takes the binaries as built, since the other tests of the run use
     them and must not have them relinked under them; else (the demo) scripts/image builds them
     first if they are stale."""
-    argv = [os.path.join(SOURCE, "scripts", "image")]
-    out = run((["env", "SOCKMESH_IMAGE_PREBUILT=1"] if prebuilt else []) + argv, timeout=900)
-    tag = run([os.path.join(SOURCE, "scripts", "image"), "--print-tag"]).strip()
+    image = os.path.join(SOURCE, "scripts", "image")
+    out = run((["env", "SOCKMESH_IMAGE_PREBUILT=1"] if prebuilt else []) + [image], timeout=900)
+    tag = run([image, "--print-tag"]).strip()
     return tag, out.strip().splitlines()[-1]
 
 

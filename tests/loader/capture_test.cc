@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <optional>
+#include <sstream>
 #include <tuple>
 #include <vector>
 
@@ -127,36 +128,33 @@ TEST_P(CaptureFlowTest, OutboundConnectionReachesTheProxyWithItsOriginalDestinat
 // blackhole are copied as they are, so that the table picks what the main one would. Unenroll
 // takes the table and its rule away (PodIsUntouched... checks the whole pod).
 TEST_P(CaptureFlowTest, AppRouteTableCopiesThePodsRoutesWithTheLargeMtuOnlyWhereEth0IsThePath) {
-  topo_.pod.ip({"link", "add", "net1", "type", "veth", "peer", "name", "net1-peer"});
-  topo_.pod.ip({"addr", "add", "10.201.0.2/24", "dev", "net1"});
-  topo_.pod.ip({"addr", "add", "fd00:201::2/64", "dev", "net1", "nodad"});
-  topo_.pod.ip({"link", "set", "net1", "up"});
-  topo_.pod.ip({"link", "set", "net1-peer", "up"});
+  add_second_network();
   std::string family = v6() ? "-6" : "-4";
-  // Each: the route as `ip route add` takes it, and how its copy must read.
-  struct Expected {
-    std::vector<std::string> add;
-    std::string copy_starts;
-    std::string mtu;  // "" for none
+  // Each: the route as `ip route show` prints it (and `ip route add` takes it, with `own_mtu`),
+  // and the MTU its copy must have ("" for none). The last two are the connected subnets.
+  struct Route {
+    std::string spec;
+    std::string own_mtu;
+    std::string copy_mtu;
   };
-  std::vector<Expected> routes =
-      v6() ? std::vector<Expected>{
-                 {{"default", "via", "fd00:200::1", "dev", "eth0"}, "default via fd00:200::1 dev eth0", "mtu 65520"},
-                 {{"fd00:203::/48", "via", "fd00:200::1", "dev", "eth0", "mtu", "1400"},
-                  "fd00:203::/48 via fd00:200::1 dev eth0", "mtu 1400"},
-                 {{"fd00:202::/48", "via", "fd00:201::1", "dev", "net1"}, "fd00:202::/48 via fd00:201::1 dev net1", ""},
-                 {{"blackhole", "fd00:204::/48"}, "blackhole fd00:204::/48", ""},
-             }
-           : std::vector<Expected>{
-                 {{"default", "via", "10.200.0.1", "dev", "eth0"}, "default via 10.200.0.1 dev eth0", "mtu 65520"},
-                 {{"10.203.0.0/16", "via", "10.200.0.1", "dev", "eth0", "mtu", "1400"},
-                  "10.203.0.0/16 via 10.200.0.1 dev eth0", "mtu 1400"},
-                 {{"10.202.0.0/16", "via", "10.201.0.1", "dev", "net1"}, "10.202.0.0/16 via 10.201.0.1 dev net1", ""},
-                 {{"blackhole", "10.204.0.0/16"}, "blackhole 10.204.0.0/16", ""},
-             };
-  for (const auto& r : routes) {
+  std::vector<Route> routes =
+      v6() ? std::vector<Route>{{"default via fd00:200::1 dev eth0", "", "mtu 65520"},
+                                {"fd00:203::/48 via fd00:200::1 dev eth0", "1400", "mtu 1400"},
+                                {"fd00:202::/48 via fd00:201::1 dev net1", "", ""},
+                                {"blackhole fd00:204::/48", "", ""},
+                                {"fd00:200::/64 dev eth0", "", "mtu 65520"},
+                                {"fd00:201::/64 dev net1", "", ""}}
+           : std::vector<Route>{{"default via 10.200.0.1 dev eth0", "", "mtu 65520"},
+                                {"10.203.0.0/16 via 10.200.0.1 dev eth0", "1400", "mtu 1400"},
+                                {"10.202.0.0/16 via 10.201.0.1 dev net1", "", ""},
+                                {"blackhole 10.204.0.0/16", "", ""},
+                                {"10.200.0.0/24 dev eth0", "", "mtu 65520"},
+                                {"10.201.0.0/24 dev net1", "", ""}};
+  for (size_t i = 0; i + 2 < routes.size(); ++i) {
     std::vector<std::string> argv = {family, "route", "add"};
-    argv.insert(argv.end(), r.add.begin(), r.add.end());
+    std::istringstream words(routes[i].spec);
+    for (std::string w; words >> w;) argv.push_back(w);
+    if (!routes[i].own_mtu.empty()) argv.insert(argv.end(), {"mtu", routes[i].own_mtu});
     topo_.pod.ip(argv);
   }
   enroll();
@@ -172,16 +170,13 @@ TEST_P(CaptureFlowTest, AppRouteTableCopiesThePodsRoutesWithTheLargeMtuOnlyWhere
     if (at == std::string::npos) return std::string();
     return line.substr(at, line.find(' ', at + 4) - at);
   };
-  routes.push_back({{}, v6() ? "fd00:200::/64 dev eth0" : "10.200.0.0/24 dev eth0", "mtu 65520"});
-  routes.push_back({{}, v6() ? "fd00:201::/64 dev net1" : "10.201.0.0/24 dev net1", ""});
   for (const auto& r : routes) {
-    std::string line = line_of(r.copy_starts);
-    EXPECT_NE(line, "") << r.copy_starts << " must be copied:\n" << table;
-    EXPECT_EQ(mtu_of(line), r.mtu) << line;
+    std::string line = line_of(r.spec);
+    EXPECT_NE(line, "") << r.spec << " must be copied:\n" << table;
+    EXPECT_EQ(mtu_of(line), r.copy_mtu) << line;
   }
   std::string rules = topo_.pod.ip({family, "rule", "show"});
-  EXPECT_NE(rules.find("32100:\tfrom all fwmark 0x100000/0x100000 lookup 21326"),
-            std::string::npos)
+  EXPECT_NE(rules.find("32100:\tfrom all fwmark 0x100000/0x100000 lookup 21326"), std::string::npos)
       << rules;
   unenroll();
   EXPECT_EQ(topo_.pod.ip({family, "route", "show", "table", std::to_string(SM_APP_ROUTE_TABLE)}),
@@ -226,8 +221,8 @@ TEST_P(CaptureFlowTest, AppSocketWithAMarkOfItsOwnKeepsThePodsRoutes) {
 // back, to eth0's. The peer's route to the pod claims MTU 9000 here, so without either clamp one
 // side would send segments of about 8.9 KB through a 1500-byte eth0.
 TEST_P(CaptureFlowTest, AppSocketWhoseSynFailsOpenAgreesOnEth0SizedSegments) {
-  topo_.peer.ip({"route", "add", v6() ? "fd00:200::2/128" : "10.200.0.2/32", "dev", "eth0", "mtu",
-                 "9000"});
+  topo_.peer.ip(
+      {"route", "add", v6() ? "fd00:200::2/128" : "10.200.0.2/32", "dev", "eth0", "mtu", "9000"});
   auto listener = testing::listen_in(topo_.peer.path(), Endpoint{peer_ip(), 8080});
   ASSERT_TRUE(listener.valid()) << strerror(errno);
   loader::InstallOptions open = install_.options();
