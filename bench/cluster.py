@@ -74,6 +74,12 @@ SM_PORT_HBONE = 15008
 # is sockmesh's own mark bit, in a table apart from the loader's 0x534d).
 IPT_ROUTE_TABLE = 0x5349
 IPT_RULE_PRIORITY = 31990
+# Every cluster's nodes track connections, as a Kubernetes node does (kube-proxy's rules match on
+# conntrack state): a rule that only counts INVALID forwarded packets turns tracking on in the
+# node's netns. Without it, tracking depends on whether an enrolled pod's probe SNAT rule exists
+# on that cluster (the nodes of (1) and the floors had none unless (4) ran), and the floor rows
+# skipped work that (2)'s nodes did for every packet between the nodes.
+NODE_CONNTRACK_RULE = ["FORWARD", "-m", "conntrack", "--ctstate", "INVALID"]
 
 PATHS = [
     ("nomesh", "(1) no mesh"),
@@ -206,6 +212,25 @@ class ClusterBench:
                              proxy_extra=proxy_extra, agent_extra=agent_extra)
         self.made.append(c)
         return c
+
+    def track_connections(self, c):
+        """Turns connection tracking on in each node's netns of cluster c (NODE_CONNTRACK_RULE)."""
+        for n in c.nodes:
+            n.sh(["iptables", "-w", "-A"] + NODE_CONNTRACK_RULE)
+
+    def tracked_connections(self):
+        """{cluster path: [TCP entries in the node's conntrack table, per node]}, after the run.
+        A node with tracking on has some (the connections between the nodes, the harness's own
+        requests to the node's proxy); one with none never tracked."""
+        out = {}
+        for path, c in self.clusters.items():
+            # (1) and the floors share (4)'s cluster: named once, as the log names it.
+            if c in [x.cluster for x in self.combos] and not (path == "nomesh" and
+                                                              "iptables" in self.clusters):
+                out[path] = [sum(1 for line in n.sh(["cat", "/proc/net/nf_conntrack"],
+                                                   check=False).splitlines() if " tcp " in line)
+                             for n in c.nodes]
+        return out
 
     def serve(self, pod):
         p = pod.spawn("loadgen-server", [
@@ -344,6 +369,7 @@ class ClusterBench:
                 c.label_namespace("plain-" + hosts[path], False)
             c.label_namespace("mesh-" + path, True)
             c.up()
+            self.track_connections(c)
             self.clusters[path] = c
             groups = []
             if path in o.paths:
@@ -405,6 +431,7 @@ class ClusterBench:
                                  ["--pool-idle-timeout-ms", str(FIRST_BYTE_POOL_IDLE_MS)])
             c.label_namespace("mesh-coldpool", True)
             c.up()
+            self.track_connections(c)
             self.clusters["coldpool"] = c
             client = c.add_pod("node-a", "mesh-coldpool", "coldpool-client", "bench-client")
             cross = c.add_pod("node-b", "mesh-coldpool", "coldpool-srv-b", "bench-server")
@@ -571,6 +598,12 @@ class ClusterBench:
                             node.name, c.id, node.proxy.log()[-3000:]))
         self.measuring = False
         ev1 = self.evidence()
+        self.conntrack = self.tracked_connections()
+        untracked = [p for p, counts in self.conntrack.items() if not all(counts)]
+        if untracked:
+            raise BenchError("clusters with a node whose conntrack table holds no TCP connection "
+                             "(tracking off: its rows would skip netfilter work the others do): "
+                             "%s" % untracked)
         rss = {}
         for path in TC_CLUSTER_PATHS:
             c = self.clusters.get(path)
@@ -696,13 +729,22 @@ class ClusterBench:
                  "over, as istio-cni's in-pod rules do. Client, proxies and server share this "
                  "machine's %d CPUs with whatever else runs: compare rows of one run only." % (
                      SM_MARK_PROXY, SM_MARK_LOCAL_HOP, IPT_ROUTE_TABLE, os.cpu_count()))
+        L.append("")
+        L.append("Every cluster's nodes track connections (`iptables -A %s` in each node's netns, "
+                 "a rule that only counts), as a Kubernetes node does, so that each row's packets "
+                 "between the nodes pay the same netfilter work. TCP entries in the nodes' "
+                 "conntrack tables at the end (node-a, node-b): %s." % (
+                     " ".join(NODE_CONNTRACK_RULE),
+                     "; ".join("%s %s" % (p, "/".join(map(str, v)))
+                               for p, v in sorted(self.conntrack.items()))))
         L.extend(self.first_byte_lines(s))
         for n in self.notes:
             L.append(n)
         text = "\n".join(L) + "\n"
         raw = {"options": {k: v for k, v in vars(o).items()}, "results": res, "summary": s,
                "first_byte": self.fbres,
-               "rss_kib": rss, "evidence_before": ev0, "evidence_after": ev1}
+               "rss_kib": rss, "evidence_before": ev0, "evidence_after": ev1,
+               "node_conntrack_tcp_entries": self.conntrack}
         return text, raw, s
 
     def first_byte_lines(self, s):
