@@ -647,7 +647,9 @@ void H2Connection::schedule_write() {
         append(out_, plain_.data(), plain_.size());
       } else if (!plain_.empty()) {
         size_t written = 0;
-        ERR_clear_error();
+        // SSL_get_error below needs an empty error queue. Clearing it when it is already empty
+        // (nearly always) costs 32 free() calls in OpenSSL 3.0, so look first.
+        if (ERR_peek_error() != 0) ERR_clear_error();
         int rv = SSL_write_ex(ssl_, plain_.data(), plain_.size(), &written);
         if (rv != 1 || written != plain_.size()) {  // our BIO takes everything: not expected
           close_transport("TLS write failed: " + tls_error_text(SSL_get_error(ssl_, rv)));
