@@ -874,15 +874,17 @@ class ClusterBench:
         if v is not None and nb is not None:
             L.append("- (3) → (2), what the sockmap bypass does across nodes: CPU s/GB %.2f → %.2f "
                      "(%+.0f%%; (2) over (3) %s), 1 stream %.2f → %.2f Gbit/s, RTT p50 %.1f → "
-                     "%.1f µs (%+.1f). With the bypass an app's answers reach its proxy through "
-                     "sk_msg, so its own TCP socket only receives and acknowledges each message "
-                     "with an ACK of its own instead of on its answer (`bench/hbone_profile.py` "
-                     "lists these sockets).%s" % (
+                     "%.1f µs (%+.1f; (2) less (3) %s). With the bypass an app's answers reach "
+                     "its proxy through sk_msg, so its own TCP socket only receives and "
+                     "acknowledges each message with an ACK of its own instead of on its answer "
+                     "(`bench/hbone_profile.py` lists these sockets).%s" % (
                          nb["cpu_per_gb"], v["cpu_per_gb"],
                          100 * (v["cpu_per_gb"] / nb["cpu_per_gb"] - 1), rep_ratios(v, nb),
                          nb["tp1"], v["tp1"], nb["p50"], v["p50"], v["p50"] - nb["p50"],
-                         "" if t is None else " (3) against (t): RTT p50 %+.1f µs, CPU s/GB "
-                         "%.2f×." % (nb["p50"] - t["p50"], nb["cpu_per_gb"] / t["cpu_per_gb"])))
+                         rep_gaps(v, nb)[0],
+                         "" if t is None else " (3) against (t): RTT p50 %+.1f µs (%s), CPU s/GB "
+                         "%.2f×." % (nb["p50"] - t["p50"], rep_gaps(nb, t)[0],
+                                     nb["cpu_per_gb"] / t["cpu_per_gb"])))
         m = s.get("appmtu/cross")
         if v is not None and m is not None:
             L.append("- (2m) → (2), what the apps' lo-sized route buys across nodes (the client "

@@ -13,7 +13,9 @@ the same work, one after the other:
     again, the user and system CPU time of the two processes per round trip (/proc/<pid>/stat)
     and that of the rest of the path's cgroup (the apps, and the softirq work charged to them);
     and once more, listing the pods' TCP sockets partway (`ss -tni`: segments out, of them with
-    data), which shows the apps' pure ACKs under the bypass;
+    data), which shows whether the apps' answers carry their ACKs (a tunnel's app flow leaves
+    the bypass once it has answered twice; before that, and on the bypass of old builds, each
+    message the app gets costs it a pure ACK);
   - the same stream under perf record: the samples of the two processes by where they were
     (kernel send path, kernel receive path, softirq, crypto, memcpy, the rest), per MiB;
   - the same stream under perf trace -s, each side apart: the time spent inside each system call
@@ -255,11 +257,12 @@ def main(argv):
           "/proc/<pid>/stat; system includes the softirq work charged to them (the sends they "
           "make deliver the packets to the next socket). \"apps and the rest\": the path's "
           "cgroup v2 tree (as in the cluster bench's CPU s/GB) less those two: the client and "
-          "server apps and the softirq work charged to them. With the sockmap bypass an app's "
-          "answer reaches its proxy through sk_msg, not through the app's own TCP socket, so that "
-          "socket never sends data and never enters TCP's ping-pong mode: it acknowledges each "
-          "message the proxy sends it with an ACK of its own (bounced by tc), where without the "
-          "bypass the ACK rides on the answer.")
+          "server apps and the softirq work charged to them. While an app's flow is in the "
+          "sockmap bypass, its answers reach its proxy through sk_msg, not through its own TCP "
+          "socket, so that socket sends no data and never enters TCP's ping-pong mode: it "
+          "acknowledges each message the proxy sends it with an ACK of its own (bounced by tc). "
+          "A tunnel's relay takes the flow out of the bypass once the app has answered twice "
+          "(sockmesh_bypass_flows_two_way_total), and from then on the ACK rides on the answer.")
     print("\nThe stream's CPU by side, ms per GiB (client side: node-a's proxy, or the relay in "
           "the client pod; server side: node-b's proxy, or the relay in the server pod):\n")
     print("| | client side: user | system | sleeps / MiB | server side: user | system | "
@@ -279,8 +282,8 @@ def main(argv):
             if v > 0)))
     print("\nTCP sockets of the two pods about a quarter of the way into the round trips "
           "(`ss -tni` in each pod's netns): local → peer, segments sent, of them with data. A "
-          "socket that sends nothing but ACKs, one per message it gets, is a pod's app with the "
-          "bypass:")
+          "socket that sends nothing but ACKs, one per message it gets, is a pod's app still in "
+          "the bypass:")
     for path, sockets in socket_rows:
         print("- %s: %s" % (names[path], "; ".join(
             "%s → %s %d, %d with data" % (local, peer, segs, data)

@@ -28,6 +28,10 @@ between pods outside the mesh, and compare. Standard library only; every wait is
                    the protocol: written bytes, and whether all arrived intact
       pull         read nothing for --hold seconds, then read to EOF and check the trailer
       echo         send --bytes (seeded by --seed), check the echo byte for byte
+      rounds       against an echo server, --rounds messages of --bytes in lockstep on a
+                   BLOCKING socket (as upload): send one, sleep in recv() until it is back, check
+                   it; then half-close and read the server's EOF. Rounds intact, or the error
+                   with its errno and how long the failing call waited
       upload       --parallel connections at once, each on a BLOCKING socket (no Python timeout,
                    which would poll first and hide an EAGAIN; SO_RCVTIMEO/SO_SNDTIMEO of
                    --timeout instead): send the count and --bytes (--chunk bytes per send(),
@@ -248,6 +252,8 @@ def client(args):
             except OSError as e:
                 errors.append(describe(e))
         out(connect_ms=times, total_ms=totals, received=received, errors=errors)
+    elif args.mode == "rounds":
+        rounds(args)
     elif args.mode == "churn":
         churn(args)
     elif args.mode == "upload":
@@ -392,6 +398,45 @@ def upload(args):
         recv_during_send=sum(1 for r in streams if r.get("recv_during_send")))
 
 
+def rounds(args):
+    """Request and response in lockstep against an echo server: --rounds messages of --bytes,
+    each sent and then read back whole before the next, on a blocking socket (SO_RCVTIMEO), so
+    that each recv() is one recvmsg() that sleeps until the answer comes, as an RPC client's does.
+    Then a half-close, and the server's EOF. Reports how many rounds came back intact and any
+    error, with its errno (EAGAIN from a blocking recv() before its timeout is a bug)."""
+    timeo = struct.pack("ll", int(args.timeout), int((args.timeout % 1) * 1e6))
+    s, _ = connect(args)
+    s.settimeout(None)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeo)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeo)
+    r = {"rounds": args.rounds, "intact": 0}
+    t = time.monotonic()
+    try:
+        for i in range(args.rounds):
+            msg = data_of(args.seed + i, args.bytes)
+            s.sendall(msg)
+            got = b""
+            while len(got) < len(msg):
+                t = time.monotonic()
+                d = s.recv(len(msg) - len(got))
+                if not d:
+                    raise ConnectionError("EOF in round %d after %d bytes" % (i, len(got)))
+                got += d
+            if got != msg:
+                r["error"] = "round %d came back different" % i
+                break
+            r["intact"] += 1
+        else:
+            s.shutdown(socket.SHUT_WR)
+            t = time.monotonic()
+            r["after_eof"] = len(s.recv(CHUNK))  # 0: the server's FIN, nothing more
+    except OSError as e:
+        r.update(error=describe(e), errno=e.errno or 0,
+                 waited_ms=round((time.monotonic() - t) * 1000, 1))
+    s.close()
+    out(**r)
+
+
 def churn(args):
     lock = threading.Lock()
     stats = {"done": 0, "failed": 0, "errors": [], "slow": 0, "max_ms": 0.0}
@@ -448,7 +493,7 @@ def main(argv):
     c.add_argument("--target", required=True)
     c.add_argument("--mode", required=True,
                    choices=["abort", "respond", "reconnect", "churn", "push", "pull", "echo",
-                            "upload"])
+                            "upload", "rounds"])
     c.add_argument("--bytes", type=int, default=64 * 1024)
     c.add_argument("--bind", default=None)
     c.add_argument("--transparent", action="store_true")

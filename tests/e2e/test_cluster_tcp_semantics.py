@@ -2,7 +2,8 @@
 """TCP's semantics through the mesh, on every path, against the same flow between two pods outside
 the mesh: an abort stays an abort (both sides), a reconnect from a just-used port connects at once
 (and a churn through a narrow port range never hangs), a stalled reader stops its writer after a
-bounded amount, a blocking recv() waits while its send buffer drains (no EAGAIN), and sockets of
+bounded amount, a blocking recv() waits while its send buffer drains (no EAGAIN), request and
+response in lockstep come back intact (and leave the bypass across nodes), and sockets of
 different network namespaces are never paired by the bypass.
 
 One cluster (cluster.demo_topology, without the echo servers) serves every test of a class; the
@@ -247,7 +248,7 @@ class TcpSemantics(unittest.TestCase):
             print("  %s: %d SYNs met a TIME_WAIT socket of the proxy, %d given to its listener" % (
                 n.name, syn, reused))
 
-    # ---- 4. backpressure ----
+    # ---- 3. backpressure ----
 
     def test_a_stalled_reader_stops_its_writer_within_16_MiB(self):
         for path, src, dst in PATHS:
@@ -307,7 +308,55 @@ class TcpSemantics(unittest.TestCase):
                     self.assertGreater(pinned, 0, "%s: no flow was pinned to the stack, so the "
                                        "case did not exercise the pin: %s" % (path, r))
 
-    # ---- 3. network namespaces are never paired ----
+    # ---- 4. request and response ----
+
+    def test_request_and_response_in_lockstep_stay_intact_and_leave_the_bypass(self):
+        """An RPC client: 1 KiB messages in lockstep, each recv() a blocking call that sleeps
+        until the answer comes, then a half-close. On every path, as without the mesh: every
+        round back intact, no error (no EAGAIN), the server's EOF after the half-close. Across
+        nodes with the bypass, each app's flow leaves it before the data of its second answer
+        is written to it (TunnelRelay::kTwoWayAnswers), while the client app is asleep in
+        recv(): sockmesh_bypass_flows_two_way_total +1 on each node, and only the first
+        messages of each app go through sk_msg (bypass_sends), not one per round. A single
+        exchange (a request and its one answer) stays in the bypass."""
+        rounds = 40
+        nodes = self.cluster.nodes
+
+        def counters():
+            texts = [n.metrics() for n in nodes]
+            return (sum(cluster.metric_value(t, "sockmesh_bypass_flows_two_way_total")
+                        for t in texts),
+                    sum(cluster.metric_value(t, "sockmesh_datapath_bypass_sends_total")
+                        for t in texts))
+        for path, src, dst in PATHS + [("cross-node, one round", "client", "echo-b")]:
+            n = 1 if path.endswith("one round") else rounds
+            with self.subTest(path=path):
+                two_way0, sends0 = counters()
+                r = self.run_in(self.pods[src], "--target", self.target(dst, "echo"),
+                                "--mode", "rounds", "--rounds", n, "--bytes", 1024,
+                                "--timeout", 10, timeout=60)
+                two_way, sends = [b - a for a, b in zip((two_way0, sends0), counters())]
+                print("  %-22s %d of %d rounds intact%s; flows out of the bypass %d, sk_msg "
+                      "sends %d" % (path, r.get("intact", 0), n,
+                                    ", " + r["error"] if "error" in r else "", two_way, sends))
+                self.assertNotIn("error", r, "%s: %s" % (path, r))
+                self.assertEqual(r.get("intact"), n, "%s: %s" % (path, r))
+                self.assertEqual(r.get("after_eof"), 0, "%s: no EOF after the half-close: %s"
+                                 % (path, r))
+                if path == "cross-node" and self.bypass:
+                    self.assertEqual(two_way, 2, "%s: each side's flow leaves the bypass once"
+                                     % path)
+                    # Before leaving, each app sent 2 messages through sk_msg (an echo server
+                    # may answer one message in two sends): without the exit, 2 x 40.
+                    self.assertLessEqual(sends, 8, "%s: the messages kept going through sk_msg"
+                                         % path)
+                    self.assertGreaterEqual(sends, 2, "%s: the apps were not in the bypass, so "
+                                            "the case proved nothing" % path)
+                else:
+                    self.assertEqual(two_way, 0, "%s: only a tunnel with two answers leaves the "
+                                     "bypass" % path)
+
+    # ---- 5. network namespaces are never paired ----
 
     def test_connections_with_one_four_tuple_in_two_netns_never_cross(self):
         """B: a socket in echo-a's netns and cgroup, bound (transparent) to the client's address

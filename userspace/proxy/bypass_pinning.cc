@@ -20,6 +20,11 @@ std::atomic<bool> release_refusal_warned{false};
 
 }  // namespace
 
+std::function<void()> on_read_paused(BypassExit exit) {
+  if (!exit) return nullptr;
+  return [exit = std::move(exit)] { exit(BypassExitReason::kReadPaused); };
+}
+
 BypassPinning::BypassPinning(std::string pin_root, observe::Registry& metrics,
                              std::chrono::milliseconds retry)
     : pin_root_(std::move(pin_root)),
@@ -27,6 +32,10 @@ BypassPinning::BypassPinning(std::string pin_root, observe::Registry& metrics,
       pinned_(metrics.counter("sockmesh_bypass_flows_pinned_total",
                               "Bypassed app flows sent back to the TCP stack because the proxy "
                               "stopped reading them (its other side was blocked)")),
+      two_way_(metrics.counter("sockmesh_bypass_flows_two_way_total",
+                               "Bypassed app flows of a tunnel sent back to the TCP stack because "
+                               "the app answered what it was sent (request and response), so "
+                               "that its ACKs ride on its answers")),
       pin_failures_(metrics.counter("sockmesh_bypass_pin_failures_total",
                                     "Bypassed app flows the proxy could not pin to the TCP stack "
                                     "(their bytes keep queueing without TCP flow control)")),
@@ -81,7 +90,7 @@ std::shared_ptr<const maps::BypassFlows> BypassPinning::flows() {
   return flows_;
 }
 
-std::function<void()> BypassPinning::read_paused_handler(int fd) {
+BypassExit BypassPinning::exit_handler(int fd) {
   auto map = flows();
   if (!map) return nullptr;
   auto own = maps::flow_of_socket(fd);
@@ -90,23 +99,29 @@ std::function<void()> BypassPinning::read_paused_handler(int fd) {
     return nullptr;
   }
   if (!map->bypassed(*own)) return nullptr;
-  return [map, app = own->reversed(), pinned = &pinned_, failures = &pin_failures_,
-          release_failures = &release_failures_, done = false]() mutable {
+  return [map, app = own->reversed(), pinned = &pinned_, two_way = &two_way_,
+          failures = &pin_failures_, release_failures = &release_failures_,
+          done = false](BypassExitReason why) mutable {
     if (done) return;
     done = true;  // a pinned flow stays pinned: once is enough, and a failure is not retried
     if (auto s = map->pin_to_stack(app); !s) {
       count_refusal(*failures, pin_refusal_warned, s.error().message,
-                    "this flow keeps queueing without flow control");
+                    why == BypassExitReason::kReadPaused
+                        ? "this flow keeps queueing without flow control"
+                        : "this flow keeps its own ACK per message");
       return;
     }
-    pinned->inc();
+    (why == BypassExitReason::kReadPaused ? pinned : two_way)->inc();
     // The flow will not come back to the redirect, so the app's socket leaves sm_bypass: its
     // receive path is TCP's again (see BypassFlows::release_app_socket for why that matters).
     if (auto s = map->release_app_socket(app); !s) {
       count_refusal(*release_failures, release_refusal_warned, s.error().message,
                     "the app's socket keeps sockmap's receive path");
     }
-    SM_DEBUG("proxy") << "bypass: reading paused, app flow " << app.to_string()
+    SM_DEBUG("proxy") << "bypass: "
+                      << (why == BypassExitReason::kReadPaused ? "reading paused"
+                                                               : "request and response")
+                      << ", app flow " << app.to_string()
                       << " pinned to the TCP stack and its socket out of the bypass";
   };
 }

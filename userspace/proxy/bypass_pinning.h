@@ -1,6 +1,7 @@
 #pragma once
-// Backpressure through a bypassed hop: when the proxy stops reading an app's bypassed socket, the
-// app's flow goes back to the TCP stack (sm_stack_flows), so that TCP's window stops the app.
+// Sending a bypassed app flow back to the TCP stack (sm_stack_flows): for backpressure, when the
+// proxy stops reading the app's bypassed socket, so that TCP's window stops the app; and for a
+// tunnelled flow that turns out to be request and response, whose ACKs then ride on its answers.
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -11,6 +12,20 @@
 #include "observe/metrics.h"
 
 namespace sockmesh::proxy {
+
+// Why a relay sends a bypassed app flow back to the TCP stack.
+enum class BypassExitReason {
+  kReadPaused,  // the relay stopped reading the proxy's socket: its other side is blocked
+  // The app answered what it was sent, twice (TunnelRelay): request and response. While its
+  // answers go through sk_msg its own TCP socket never sends data, so TCP acknowledges every
+  // message it gets with a pure ACK; on the stack the ACK rides on the answer.
+  kTwoWay,
+};
+// Sends one bypassed app flow back to the TCP stack; acts on its first call only, and belongs to
+// the socket's worker thread.
+using BypassExit = std::function<void(BypassExitReason)>;
+// `exit` as a relay that only pauses runs it (nullptr when `exit` is).
+std::function<void()> on_read_paused(BypassExit exit);
 
 // The proxy's side of the sockmap bypass (bpf/bypass.bpf.c): an app's sends into a bypassed proxy
 // socket are redirected into its ingress queue, which nothing bounds, so not reading that socket
@@ -31,11 +46,13 @@ class BypassPinning {
   // False when no pin root was given: the proxy runs without the sockmap bypass.
   bool configured() const { return !pin_root_.empty(); }
 
-  // For the proxy's connected socket `fd` towards an app: what a relay runs when it pauses reading
-  // it, or nullptr when the socket is not bypassed. Decided once per socket, right after accept
-  // or connect: sockops put both ends into sm_bypass when the connection was established. The
-  // handler pins the flow on its first call only; it belongs to the socket's worker thread.
-  std::function<void()> read_paused_handler(int fd);
+  // For the proxy's connected socket `fd` towards an app: what a relay runs to send the app's flow
+  // back to the stack, or nullptr when the socket is not bypassed. Decided once per socket, right
+  // after accept or connect: sockops put both ends into sm_bypass when the connection was
+  // established.
+  BypassExit exit_handler(int fd);
+  // exit_handler(fd) for a relay that only pauses.
+  std::function<void()> read_paused_handler(int fd) { return on_read_paused(exit_handler(fd)); }
 
  private:
   std::shared_ptr<const maps::BypassFlows> flows();
@@ -43,6 +60,7 @@ class BypassPinning {
   const std::string pin_root_;
   const std::chrono::milliseconds retry_;
   observe::Counter& pinned_;
+  observe::Counter& two_way_;
   observe::Counter& pin_failures_;
   observe::Counter& release_failures_;
   std::mutex mu_;

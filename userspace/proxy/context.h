@@ -67,8 +67,12 @@ struct ProxyContext {
   // path): the client's IP as the source when it is preserved, the kept source ports, the to-app
   // mark that sockops pairs with the app, and in in-pod mode the app's own netns.
   net::DialOptions dial_to_app(const IpAddress& client, const IpAddress& app) const;
-  // For a socket towards an app, right after accept or connect: the relay's read-paused handler
-  // (BypassPinning::read_paused_handler), or nullptr.
+  // For a socket towards an app, right after accept or connect: what its relay runs to send the
+  // app's flow back to the TCP stack (BypassPinning::exit_handler), or nullptr.
+  BypassExit bypass_exit(int fd) const {
+    return bypass_pinning ? bypass_pinning->exit_handler(fd) : nullptr;
+  }
+  // bypass_exit(fd) for a relay that only pauses (BypassPinning::read_paused_handler).
   std::function<void()> bypass_read_paused(int fd) const {
     return bypass_pinning ? bypass_pinning->read_paused_handler(fd) : nullptr;
   }

@@ -163,11 +163,11 @@ void handle_request(ProxyContext& ctx, Worker& worker, std::shared_ptr<InboundSe
            SM_DEBUG("inbound") << "source address not kept for " << target.to_string();
          }
          // Decided now: sockops paired this socket with the app's when the connect completed.
-         auto read_paused = ctx.bypass_read_paused(socket.native_handle());
+         auto bypass_exit = ctx.bypass_exit(socket.native_handle());
          stream->respond(200);
          auto relay = std::make_shared<TunnelRelay>(
              std::make_shared<Tcp::socket>(std::move(socket)), stream);
-         relay->on_read_paused(std::move(read_paused));
+         relay->on_bypass_exit(std::move(bypass_exit));
          std::weak_ptr<TunnelRelay> weak = relay;
          record->track(dst_uid, facts, [weak](const std::string& reason) {
            if (auto r = weak.lock()) r->abort(reason);

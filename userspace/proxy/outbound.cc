@@ -192,7 +192,8 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
   }
   access.dst_addr = route.target.to_string();
   // Decided now, while the client socket is fresh: sockops paired it with the app at accept.
-  auto read_paused = ctx.bypass_read_paused(client_ptr->native_handle());
+  auto bypass_exit = ctx.bypass_exit(client_ptr->native_handle());
+  auto read_paused = on_read_paused(bypass_exit);
 
   bool hbone = route.workload != nullptr && route.workload->protocol == state::Protocol::kHbone;
   if (!hbone && (route.target.ip.is_loopback() || route.target.ip.is_unspecified())) {
@@ -269,9 +270,8 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
   h2::HeaderList headers{{"forwarded", "for=\"" + client_addr.to_string() + "\""},
                          {"baggage", baggage_of(*view.source)}};
   worker.pool().acquire(
-      key,
-      [record, client_ptr, ready, authority, headers, read_paused](
-          std::shared_ptr<h2::H2Connection> conn, const HbonePool::Failure* failure) {
+      key, [record, client_ptr, ready, authority, headers, bypass_exit](
+               std::shared_ptr<h2::H2Connection> conn, const HbonePool::Failure* failure) {
         if (failure != nullptr) {
           OutboundOutcome o{false, failure->reason, failure->flag, false, true};
           fail_client(record, client_ptr, ready, o);
@@ -281,7 +281,7 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
         auto stream_holder = std::make_shared<std::shared_ptr<h2::H2Stream>>();
         h2::H2Stream::Handlers h;
         h.on_response = [record, client_ptr, ready, stream_holder, responded, authority,
-                         read_paused](int status, const h2::HeaderList& resp) {
+                         bypass_exit](int status, const h2::HeaderList& resp) {
           *responded = true;
           auto stream = *stream_holder;
           if (status != 200) {
@@ -302,7 +302,7 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
           }
           auto relay = std::make_shared<TunnelRelay>(client_ptr, stream);
           relay->attach();  // nothing the server sends is lost while SOCKS5 answers its client
-          relay->on_read_paused(read_paused);
+          relay->on_bypass_exit(bypass_exit);
           auto start = [record, relay] {
             record->set_relay("tunnel");
             relay->start(finish_when_done<TunnelRelay::Result>(record),

@@ -71,6 +71,7 @@ void TunnelRelay::read_socket() {
       return;
     }
     buf.resize(n);
+    app_spoke_ = true;
     result_.bytes_to_stream += n;
     if (progress_) progress_(true, n);
     if (!stream_->send(std::move(buf))) {
@@ -79,13 +80,13 @@ void TunnelRelay::read_socket() {
     }
     if (stream_->above_high_watermark()) {
       paused_ = true;  // on_writable resumes
-      if (read_paused_) read_paused_();
+      if (bypass_exit_) bypass_exit_(BypassExitReason::kReadPaused);
       return;
     }
     // Not paused, but far behind a bypassed app (its sends are queued without limit): the same.
-    if (read_paused_ && n == net::kRelayBufferBytes &&
+    if (bypass_exit_ && n == net::kRelayBufferBytes &&
         net::unread_bytes(socket_) > net::kMaxUnreadBeforePause) {
-      read_paused_();
+      bypass_exit_(BypassExitReason::kReadPaused);
     }
     // A short read took what was queued: wait now rather than make a read that says EAGAIN.
     // The wait re-arms the socket in epoll (epoll_ctl), and re-arming reports it readable at
@@ -110,6 +111,11 @@ void TunnelRelay::on_stream_data(const uint8_t* data, size_t len) {
   if (finished_) {
     stream_->consume(len);
     return;
+  }
+  if (app_spoke_ && len > 0) {
+    app_spoke_ = false;
+    // Before the write: the app's answer to these bytes then goes through TCP with its ACK.
+    if (++answers_ == kTwoWayAnswers && bypass_exit_) bypass_exit_(BypassExitReason::kTwoWay);
   }
   if (started_ && !writing_ && pending_.empty() && len >= kDirectWriteBytes) {
     // Usually the socket has room: write straight from nghttp2's buffer, no copy.

@@ -7,6 +7,11 @@
 // Towards the socket, received DATA is queued in a ByteQueue and written with one gather write
 // per read from the HTTP/2 connection (on_batch_end), not one send() per frame: what a tunnel
 // holds and costs follows its bytes, whatever size of frames the peer chooses.
+//
+// A socket in the sockmap bypass (its app's sends redirected into it) goes back to the TCP stack
+// when reading it pauses (backpressure), and once its app has answered what it was sent twice:
+// request and response, where the app's ACKs cost less riding on its answers (ARCHITECTURE, "What
+// one direction costs a round trip").
 #include <boost/asio/ip/tcp.hpp>
 #include <functional>
 #include <memory>
@@ -15,6 +20,7 @@
 #include "base/byte_queue.h"
 #include "base/bytes.h"
 #include "h2/connection.h"
+#include "proxy/bypass_pinning.h"
 
 namespace sockmesh::proxy {
 
@@ -33,10 +39,13 @@ class TunnelRelay : public std::enable_shared_from_this<TunnelRelay> {
   TunnelRelay(std::shared_ptr<Tcp::socket> socket, std::shared_ptr<h2::H2Stream> stream);
   // Takes over the stream's events at once; data that arrives before start() is held back.
   void attach();
-  // Optional, before start(): run each time reading the socket pauses because the stream is above
-  // its high watermark, or falls more than net::kMaxUnreadBeforePause behind. For a socket whose peer's bytes do not wait for our reads (a sockmap
-  // redirect into it), so that its owner can push back on that peer.
-  void on_read_paused(std::function<void()> handler) { read_paused_ = std::move(handler); }
+  // Optional, before start(), for a socket whose peer's bytes do not wait for our reads (a sockmap
+  // redirect into it): run with kReadPaused each time reading the socket pauses because the stream
+  // is above its high watermark or falls more than net::kMaxUnreadBeforePause behind, so that its
+  // owner can push back on that peer; and with kTwoWay before the data that makes the app's
+  // kTwoWayAnswers-th answer is written to it (bytes from the app, then bytes for it).
+  void on_bypass_exit(BypassExit exit) { bypass_exit_ = std::move(exit); }
+  static constexpr int kTwoWayAnswers = 2;
   // Starts moving bytes (attaches first if needed).
   void start(Done done, Progress progress = nullptr);
   // Resets both sides now.
@@ -59,7 +68,10 @@ class TunnelRelay : public std::enable_shared_from_this<TunnelRelay> {
   std::shared_ptr<h2::H2Stream> stream_;
   Done done_;
   Progress progress_;
-  std::function<void()> read_paused_;
+  BypassExit bypass_exit_;
+  // Request and response: the socket gave bytes since the last bytes for it, and how often.
+  bool app_spoke_ = false;
+  int answers_ = 0;
   Result result_;
   // socket -> stream
   bool reading_ = false;
