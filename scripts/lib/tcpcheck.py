@@ -30,8 +30,9 @@ between pods outside the mesh, and compare. Standard library only; every wait is
       echo         send --bytes (seeded by --seed), check the echo byte for byte
       rounds       against an echo server, --rounds messages of --bytes in lockstep on a
                    BLOCKING socket (as upload): send one, sleep in recv() until it is back, check
-                   it; then half-close and read the server's EOF. Rounds intact, or the error
-                   with its errno and how long the failing call waited
+                   it; then half-close and read the server's EOF (a recv() that answers EAGAIN
+                   before --timeout is counted as eof_eagain and made once more). Rounds intact,
+                   or the error with its errno and how long the failing call waited
       upload       --parallel connections at once, each on a BLOCKING socket (no Python timeout,
                    which would poll first and hide an EAGAIN; SO_RCVTIMEO/SO_SNDTIMEO of
                    --timeout instead): send the count and --bytes (--chunk bytes per send(),
@@ -428,8 +429,18 @@ def rounds(args):
             r["intact"] += 1
         else:
             s.shutdown(socket.SHUT_WR)
-            t = time.monotonic()
-            r["after_eof"] = len(s.recv(CHUNK))  # 0: the server's FIN, nothing more
+            # The server's FIN, nothing more: recv() answers 0. A blocking recv() that answers
+            # EAGAIN well before its timeout is counted and called once more.
+            r["eof_eagain"] = 0
+            for _ in range(2):
+                t = time.monotonic()
+                try:
+                    r["after_eof"] = len(s.recv(CHUNK))
+                    break
+                except BlockingIOError:
+                    if time.monotonic() - t > args.timeout * 0.9:
+                        raise
+                    r["eof_eagain"] += 1
     except OSError as e:
         r.update(error=describe(e), errno=e.errno or 0,
                  waited_ms=round((time.monotonic() - t) * 1000, 1))

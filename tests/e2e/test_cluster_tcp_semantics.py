@@ -36,6 +36,8 @@ PATHS = [("same-node", "client", "echo-a"), ("cross-node", "client", "echo-b"),
          ("passthrough", "client", "legacy-b"), ("inbound-plaintext", "legacy-b", "echo-a"),
          ("no-mesh", "legacy-a", "legacy-b")]
 MESH_PATHS = [p for p in PATHS if p[0] != "no-mesh"]
+# TunnelRelay::kTwoWayAnswers: the answers after which a tunnel's app flow leaves the bypass.
+TWO_WAY_ANSWERS = 2
 # What a stalled reader may let its writer queue: the issue's bound. Without the mesh this machine
 # queues about 1.5 MiB (two sockets' buffers); through the proxy the proxy's buffers add to it.
 BACKPRESSURE_LIMIT = 16 * MiB
@@ -318,7 +320,10 @@ class TcpSemantics(unittest.TestCase):
         is written to it (TunnelRelay::kTwoWayAnswers), while the client app is asleep in
         recv(): sockmesh_bypass_flows_two_way_total +1 on each node, and only the first
         messages of each app go through sk_msg (bypass_sends), not one per round. A single
-        exchange (a request and its one answer) stays in the bypass."""
+        exchange (a request and its one answer) stays in the bypass. Where the client's flow is
+        still in the bypass at the end, its recv() asleep when the FIN comes may answer EAGAIN
+        once before the 0 (tcp_bpf's recvmsg; OPERATING 3.6), so that is allowed there and
+        nowhere else."""
         rounds = 40
         nodes = self.cluster.nodes
 
@@ -336,13 +341,21 @@ class TcpSemantics(unittest.TestCase):
                                 "--mode", "rounds", "--rounds", n, "--bytes", 1024,
                                 "--timeout", 10, timeout=60)
                 two_way, sends = [b - a for a, b in zip((two_way0, sends0), counters())]
-                print("  %-22s %d of %d rounds intact%s; flows out of the bypass %d, sk_msg "
-                      "sends %d" % (path, r.get("intact", 0), n,
-                                    ", " + r["error"] if "error" in r else "", two_way, sends))
+                print("  %-22s %d of %d rounds intact%s, EAGAIN before the EOF %s; flows out of "
+                      "the bypass %d, sk_msg sends %d" % (
+                          path, r.get("intact", 0), n, ", " + r["error"] if "error" in r else "",
+                          r.get("eof_eagain"), two_way, sends))
                 self.assertNotIn("error", r, "%s: %s" % (path, r))
                 self.assertEqual(r.get("intact"), n, "%s: %s" % (path, r))
                 self.assertEqual(r.get("after_eof"), 0, "%s: no EOF after the half-close: %s"
                                  % (path, r))
+                # A known difference (OPERATING 3.6): while the client app's flow is still in
+                # the bypass, a recv() asleep when the FIN comes answers EAGAIN once (tcp_bpf's
+                # recvmsg), then 0. Nowhere else.
+                in_bypass = self.bypass and src == "client" and (
+                    path != "cross-node" or n < TWO_WAY_ANSWERS)
+                self.assertLessEqual(r.get("eof_eagain"), 1 if in_bypass else 0,
+                                     "%s: EAGAIN before the EOF: %s" % (path, r))
                 if path == "cross-node" and self.bypass:
                     self.assertEqual(two_way, 2, "%s: each side's flow leaves the bypass once"
                                      % path)
