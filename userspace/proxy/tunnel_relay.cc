@@ -112,7 +112,7 @@ void TunnelRelay::on_stream_data(const uint8_t* data, size_t len) {
     stream_->consume(len);
     return;
   }
-  if (app_spoke_ && len > 0) {
+  if (app_spoke_ && len > 0 && answers_ < kTwoWayAnswers) {
     app_spoke_ = false;
     // Before the write: the app's answer to these bytes then goes through TCP with its ACK.
     if (++answers_ == kTwoWayAnswers && bypass_exit_) bypass_exit_(BypassExitReason::kTwoWay);

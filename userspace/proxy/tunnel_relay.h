@@ -42,8 +42,8 @@ class TunnelRelay : public std::enable_shared_from_this<TunnelRelay> {
   // Optional, before start(), for a socket whose peer's bytes do not wait for our reads (a sockmap
   // redirect into it): run with kReadPaused each time reading the socket pauses because the stream
   // is above its high watermark or falls more than net::kMaxUnreadBeforePause behind, so that its
-  // owner can push back on that peer; and with kTwoWay before the data that makes the app's
-  // kTwoWayAnswers-th answer is written to it (bytes from the app, then bytes for it).
+  // owner can push back on that peer; and with kTwoWay before it writes bytes for the app that
+  // come after bytes from it, the kTwoWayAnswers-th time (request and response).
   void on_bypass_exit(BypassExit exit) { bypass_exit_ = std::move(exit); }
   static constexpr int kTwoWayAnswers = 2;
   // Starts moving bytes (attaches first if needed).
@@ -69,7 +69,8 @@ class TunnelRelay : public std::enable_shared_from_this<TunnelRelay> {
   Done done_;
   Progress progress_;
   BypassExit bypass_exit_;
-  // Request and response: the socket gave bytes since the last bytes for it, and how often.
+  // Request and response: the socket gave bytes since the last bytes for it, and how often bytes
+  // for it followed bytes from it (counted up to kTwoWayAnswers).
   bool app_spoke_ = false;
   int answers_ = 0;
   Result result_;
