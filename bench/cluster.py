@@ -874,10 +874,12 @@ class ClusterBench:
         if v is not None and nb is not None:
             L.append("- (3) → (2), what the sockmap bypass does across nodes: CPU s/GB %.2f → %.2f "
                      "(%+.0f%%; (2) over (3) %s), 1 stream %.2f → %.2f Gbit/s, RTT p50 %.1f → "
-                     "%.1f µs (%+.1f; (2) less (3) %s). With the bypass an app's answers reach "
-                     "its proxy through sk_msg, so its own TCP socket only receives and "
-                     "acknowledges each message with an ACK of its own instead of on its answer "
-                     "(`bench/hbone_profile.py` lists these sockets).%s" % (
+                     "%.1f µs (%+.1f; (2) less (3) %s). While an app's flow is in the bypass, its "
+                     "answers reach its proxy through sk_msg, so its own TCP socket acknowledges "
+                     "each message with an ACK of its own instead of on its answer; a tunnel's "
+                     "flow leaves the bypass once the app has answered twice, so the round trips "
+                     "here run on the stack after the first two, and the throughput runs (one "
+                     "answer each) in the bypass (`bench/hbone_profile.py` lists the sockets).%s" % (
                          nb["cpu_per_gb"], v["cpu_per_gb"],
                          100 * (v["cpu_per_gb"] / nb["cpu_per_gb"] - 1), rep_ratios(v, nb),
                          nb["tp1"], v["tp1"], nb["p50"], v["p50"], v["p50"] - nb["p50"],

@@ -325,16 +325,22 @@ def read_to_eof_keep_trailer(s, timeout):
             "intact": count == total and pending[8:] == h.digest()}
 
 
+def make_blocking(s, timeout):
+    """A blocking socket whose recv() is one recvmsg() call (no poll() first, as a Python timeout
+    would make, which hides an EAGAIN), bounded by SO_RCVTIMEO/SO_SNDTIMEO of `timeout` seconds."""
+    timeo = struct.pack("ll", int(timeout), int((timeout % 1) * 1e6))
+    s.settimeout(None)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeo)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeo)
+
+
 def upload(args):
     payload = data_of(args.seed, args.bytes)
-    timeo = struct.pack("ll", int(args.timeout), int((args.timeout % 1) * 1e6))
     streams = [{} for _ in range(args.parallel)]
     socks = []
     for r in streams:  # all connected first, then all send at once (the bench's loadgen)
         s, _ = connect(args)
-        s.settimeout(None)  # a blocking socket: recv() is one recvmsg() call, no poll()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeo)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeo)
+        make_blocking(s, args.timeout)
         socks.append(s)
         r["local"] = s.getsockname()[1]
     start = threading.Barrier(args.parallel + 1)
@@ -405,24 +411,16 @@ def rounds(args):
     that each recv() is one recvmsg() that sleeps until the answer comes, as an RPC client's does.
     Then a half-close, and the server's EOF. Reports how many rounds came back intact and any
     error, with its errno (EAGAIN from a blocking recv() before its timeout is a bug)."""
-    timeo = struct.pack("ll", int(args.timeout), int((args.timeout % 1) * 1e6))
     s, _ = connect(args)
-    s.settimeout(None)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeo)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeo)
+    make_blocking(s, args.timeout)
     r = {"rounds": args.rounds, "intact": 0}
     t = time.monotonic()
     try:
         for i in range(args.rounds):
             msg = data_of(args.seed + i, args.bytes)
             s.sendall(msg)
-            got = b""
-            while len(got) < len(msg):
-                t = time.monotonic()
-                d = s.recv(len(msg) - len(got))
-                if not d:
-                    raise ConnectionError("EOF in round %d after %d bytes" % (i, len(got)))
-                got += d
+            t = time.monotonic()
+            got = recv_exact(s, len(msg))
             if got != msg:
                 r["error"] = "round %d came back different" % i
                 break
