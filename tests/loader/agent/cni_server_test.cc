@@ -16,6 +16,7 @@
 
 #include "base/log.h"
 #include "cni/plugin/agent_client.h"
+#include "common/scratch_dir.h"
 
 namespace sockmesh::agent {
 namespace {
@@ -23,8 +24,7 @@ namespace {
 using namespace std::chrono_literals;
 
 std::string socket_path(const char* tag) {
-  return std::filesystem::temp_directory_path() /
-         ("sockmesh-cni-" + std::to_string(getpid()) + "-" + tag + ".sock");
+  return testing::scratch_dir("sockmesh-cni-server-test") + "/" + tag + ".sock";
 }
 
 cni::PodEvent sample() {

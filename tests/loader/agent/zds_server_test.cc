@@ -20,6 +20,8 @@
 #include <set>
 #include <thread>
 
+#include "common/scratch_dir.h"
+
 namespace sockmesh::agent {
 namespace {
 
@@ -124,8 +126,7 @@ class FakeProxy {
 
 std::string temp_socket_path() {
   static std::atomic<int> n{0};
-  return "/tmp/sm-zds-server-test-" + std::to_string(getpid()) + "-" + std::to_string(n++) +
-         ".sock";
+  return testing::scratch_dir("sm-zds-server-test") + "/" + std::to_string(n++) + ".sock";
 }
 
 PodWorkload pod(const std::string& uid, const std::string& ip) {
