@@ -199,6 +199,8 @@ def main(argv):
                     help="the rows to profile: bypass, nobypass (the proxies without the sockmap "
                     "bypass), tlsfloor, h2floor")
     o = ap.parse_args(argv)
+    # scripts/lib/cluster.py finds the binaries through this (not through ClusterBench's options).
+    os.environ["SOCKMESH_BUILD_DIR"] = os.path.abspath(o.build_dir)
     bench = cb.ClusterBench(cb.parse_args(["--build-dir", o.build_dir, "--paths",
                                            o.paths, "--topologies", "cross",
                                            "--reps", "1", "--first-byte-conns", "0"]))

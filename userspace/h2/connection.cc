@@ -495,6 +495,12 @@ void H2Connection::on_readable() {
       int rv = cleartext_ ? take_cleartext(to, room, &got) : SSL_read_ex(ssl_, to, room, &got);
       if (rv == 1) {
         plain += got;
+        // All the ciphertext there was is decrypted and OpenSSL holds nothing back: another
+        // SSL_read_ex would only fail with WANT_READ (and a drained socket is not read again).
+        if (!cleartext_ && socket_drained_ && in_pos_ == in_len_ && SSL_has_pending(ssl_) == 0) {
+          want_input = true;
+          break;
+        }
         continue;
       }
       int e = cleartext_ ? SSL_ERROR_WANT_READ : SSL_get_error(ssl_, rv);

@@ -1,5 +1,7 @@
 #include "proxy/dial.h"
 
+#include <unistd.h>
+
 #include <boost/asio/steady_timer.hpp>
 #include <memory>
 
@@ -32,6 +34,22 @@ struct State {
   }
 };
 
+// asio waited for the connect by adding EPOLLOUT to the socket's epoll registration, and keeps it
+// there for the socket's life. Every later wait for readability re-arms that registration
+// (epoll_ctl MOD), and a writable socket is then reported at once: one wake-up for nothing per
+// message a relay waits for (bench/hbone_profile.py showed it on the server side of each tunnel,
+// as an epoll_wait that returned without a read). A fresh registration holds only what reads
+// need; the socket stays what it was (connected, non-blocking).
+boost::system::error_code register_for_reading(boost::asio::ip::tcp::socket& socket,
+                                               boost::asio::ip::tcp protocol) {
+  boost::system::error_code ec;
+  int fd = socket.release(ec);
+  if (ec) return ec;
+  socket.assign(protocol, fd, ec);
+  if (ec) ::close(fd);
+  return ec;
+}
+
 void connect(const std::shared_ptr<State>& s) {
   ++s->attempts;
   if (auto err = net::prepare_dial(s->socket, s->target, s->options, &s->result.source_kept)) {
@@ -57,6 +75,9 @@ void connect(const std::shared_ptr<State>& s) {
     s->timer.cancel();
     if (ec) {
       s->result.error = "connect " + s->target.to_string() + ": " + ec.message();
+    } else if (auto rec = register_for_reading(s->socket, net::to_asio(s->target).protocol())) {
+      s->result.error = "connect " + s->target.to_string() +
+                        ": registering the connected socket again: " + rec.message();
     } else {
       s->result.ok = true;
     }
