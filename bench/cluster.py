@@ -36,7 +36,10 @@ detached.
 Per path and topology: throughput with 1 stream and with 8 streams, 1 KiB request/response round
 trips (p50, p99), CPU seconds per GB moved during the throughput runs (usage_usec of the
 cluster's cgroup v2 tree: the client, the server and both node proxies; the system-wide
-/proc/stat figure is kept in the JSON), and the VmRSS of the node proxies after the run.
+/proc/stat figure is kept in the JSON), CPU per round trip (that tree, and of it the node proxies'
+own, or the floor rows' relays': what the proxies add, and what a change to them moves, with
+less noise than the whole path's), and the VmRSS of the node proxies after the run. With a
+baseline build, "(2b) → (2)" pairs the two builds' rows repetition by repetition.
 Writes bench/results/cluster-<timestamp>.md (printed too), .json and .png (matplotlib).
 Everything (namespaces, cgroups, pin roots, processes; iptables rules die with the pod netns) is
 removed on exit and on Ctrl-C.
@@ -56,7 +59,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from benchlib import (BenchError, bench_arguments, cpu_ticks, load_cluster_lib, log,  # noqa: E402
-                      make_pki, rss_kib, run_bench, set_log_prefix, voluntary_switches)
+                      make_pki, on_cpu_ns, rss_kib, run_bench, set_log_prefix,
+                      voluntary_switches)
 
 set_log_prefix("cluster")
 
@@ -164,12 +168,14 @@ def system_cpu_seconds():
 class Combo:
     """One path x one topology: the client pod and the server it talks to."""
 
-    def __init__(self, path, topo, cluster, client, server, target=None):
+    def __init__(self, path, topo, cluster, client, server, target=None, relays=None):
         self.path, self.topo = path, topo
         self.cluster, self.client, self.server = cluster, client, server
         # Where the client connects: the server pod's, or (floor rows) relay 1's address.
         self.target = target or "%s:%d" % (server.ip, SERVER_PORT)
         self.key = "%s/%s" % (path, topo)
+        # The floor rows' relay processes; None for the rest (see ClusterBench.relay_pids).
+        self.relays = relays
 
 
 class ClusterBench:
@@ -262,7 +268,7 @@ class ClusterBench:
         """Starts (f), (t) or (th): relay 1 in the client pod (on its lo), relay 2 in the server
         pod on node-b, relay 2 -> the server app on the pod's lo; for (t) mutual TLS 1.3 from
         relay 1 to relay 2, for (th) an HTTP/2 CONNECT stream inside it. Returns relay 1's
-        address, the client's target."""
+        address (the client's target) and the two relay processes."""
         p1, p2 = FLOOR_PORTS[key]
         tls1, tls2 = [], []
         if key in ("tlsfloor", "h2floor"):
@@ -276,21 +282,23 @@ class ClusterBench:
             if key == "h2floor":
                 tls1 += ["--h2", "yes"]
                 tls2 += ["--h2", "yes"]
-        self.start_relay(server, "%s-relay2" % key, "%s:%d" % (server.ip, p2),
-                         "127.0.0.1:%d" % SERVER_PORT, tls2)
-        return self.start_relay(client, "%s-relay1" % key, "127.0.0.1:%d" % p1,
-                                "%s:%d" % (server.ip, p2), tls1)
+        _, relay2 = self.start_relay(server, "%s-relay2" % key, "%s:%d" % (server.ip, p2),
+                                     "127.0.0.1:%d" % SERVER_PORT, tls2)
+        target, relay1 = self.start_relay(client, "%s-relay1" % key, "127.0.0.1:%d" % p1,
+                                          "%s:%d" % (server.ip, p2), tls1)
+        return target, [relay1, relay2]
 
     def pt_floor_relay(self, topo, client, server):
         """Starts (p)'s relay in the client pod (on its lo) to the server app; returns its
-        address, the client's target."""
-        return self.start_relay(client, "ptfloor-%s-relay" % topo,
-                                "127.0.0.1:%d" % PT_FLOOR_PORTS[topo],
-                                "%s:%d" % (server.ip, SERVER_PORT))
+        address (the client's target) and the relay process."""
+        target, relay = self.start_relay(client, "ptfloor-%s-relay" % topo,
+                                         "127.0.0.1:%d" % PT_FLOOR_PORTS[topo],
+                                         "%s:%d" % (server.ip, SERVER_PORT))
+        return target, [relay]
 
     def start_relay(self, pod, name, listen, to, tls=()):
         """`sockmesh-loadgen relay` in `pod` from `listen` to `to`, waited for until it listens;
-        returns `listen`."""
+        returns `listen` and the process."""
         proc = pod.spawn(name, [self.loadgen_bin, "relay", "--listen", listen, "--to", to] +
                          list(tls) + ["--netns-only", "yes",
                                       "--max-seconds", str(self.o.max_seconds + 300)])
@@ -301,7 +309,7 @@ class ClusterBench:
                 raise BenchError("%s in %s exited: %s" % (name, pod, proc.log()[-2000:]))
             return (":%s " % port) in pod.sh(["ss", "-Hltn"])
         self.lib.wait_until("%s in %s" % (name, pod), up, 15)
-        return listen
+        return listen, proc
 
     def plain_relay_counts(self, combo):
         texts = [n.metrics() for n in combo.cluster.nodes]
@@ -417,14 +425,15 @@ class ClusterBench:
                 if key == "nomesh" and "ptfloor" in o.paths:
                     for topo, server in (("cross", cross), ("same", same)):
                         if topo in o.topologies:
+                            target, relays = self.pt_floor_relay(topo, client, server)
                             self.combos.append(Combo("ptfloor", topo, c, client, server,
-                                                     target=self.pt_floor_relay(topo, client,
-                                                                                server)))
+                                                     target=target, relays=relays))
                 if key == "nomesh" and "cross" in o.topologies:
                     for fk in FLOOR_PATHS:
                         if fk in o.paths:
+                            target, relays = self.floor_relays(fk, client, cross)
                             self.combos.append(Combo(fk, "cross", c, client, cross,
-                                                     target=self.floor_relays(fk, client, cross)))
+                                                     target=target, relays=relays))
         if o.first_byte_conns and "bypass" in o.paths and "cross" in o.topologies:
             self.check_budget()
             c = self.new_cluster("coldpool", True, None,
@@ -475,13 +484,28 @@ class ClusterBench:
         r["system_cpu_s"] = system_cpu_seconds() - s0
         return r
 
+    def relay_pids(self, combo):
+        """The processes that sit where the node proxies do on combo's path: the relays of a floor
+        row, else the node proxies of its cluster (both nodes: on one node, or for a passthrough,
+        the other one idles); none for no mesh (its cluster may be (4)'s, which has proxies)."""
+        if combo.relays is not None:
+            return [p.pid for p in combo.relays]
+        if combo.path == "nomesh":
+            return []
+        return [n.proxy.pid for n in combo.cluster.nodes]
+
     def pingpong(self, combo, iters, warmup):
         """Round trips; with the CPU time of the path's cgroup tree per round trip (warm-up and
-        the one connection's setup included: a few µs over thousands of round trips)."""
+        the one connection's setup included: a few µs over thousands of round trips), and of it
+        the CPU time of the node proxies, or of the floor rows' relays, per round trip."""
         cg = combo.cluster.cgroup
+        relays = self.relay_pids(combo)
         c0 = cgroup_cpu_seconds(cg)
+        n0 = on_cpu_ns(relays)
         r = self.loadgen(combo, ["--mode", "pingpong", "--size", "1024", "--iters", str(iters),
                                  "--warmup", str(warmup)])
+        r["relay_cpu_us_per_rt"] = ((on_cpu_ns(relays) - n0) / 1e3 / (iters + warmup)
+                                    if relays else None)
         r["cpu_us_per_rt"] = (cgroup_cpu_seconds(cg) - c0) * 1e6 / (iters + warmup)
         return r
 
@@ -634,6 +658,11 @@ class ClusterBench:
                 "tp8_all": [t["gbps"] for t in r["tp8"]],
                 "p50_all": [p["p50_us"] for p in r["pp"]],
                 "cpu_rt_all": [p["cpu_us_per_rt"] for p in r["pp"]],
+                # the node proxies' (or the floor relays') share of it; None for no mesh
+                "relay_cpu_rt_all": [p["relay_cpu_us_per_rt"] for p in r["pp"]],
+                "relay_cpu_us_per_rt": (med(p["relay_cpu_us_per_rt"] for p in r["pp"])
+                                        if r["pp"] and r["pp"][0]["relay_cpu_us_per_rt"]
+                                        is not None else None),
                 # one figure per repetition: its 1-stream and its N-stream run together
                 "cpu_gb_all": [(a["cgroup_cpu_s"] + b["cgroup_cpu_s"]) /
                                ((a["bytes"] + b["bytes"]) / GB)
@@ -702,16 +731,17 @@ class ClusterBench:
                          for k, v in rss.items()))
             L.append("")
         L.append("Per-repetition figures (1 stream Gbit/s | %d streams Gbit/s | RTT p50 µs | "
-                 "CPU µs per round trip | CPU s/GB of the repetition's two throughput runs):"
-                 % o.streams)
+                 "CPU µs per round trip | of it, the node proxies' (or the floor relays') | "
+                 "CPU s/GB of the repetition's two throughput runs):" % o.streams)
         L.append("")
         for x in self.combos:
             v = s[x.key]
-            L.append("- %s: %s | %s | %s | %s | %s" % (
+            L.append("- %s: %s | %s | %s | %s | %s | %s" % (
                 x.key, ", ".join("%.2f" % g for g in v["tp1_all"]),
                 ", ".join("%.2f" % g for g in v["tp8_all"]),
                 ", ".join("%.1f" % g for g in v["p50_all"]),
                 ", ".join("%.1f" % g for g in v["cpu_rt_all"]),
+                ", ".join("—" if g is None else "%.1f" % g for g in v["relay_cpu_rt_all"]),
                 ", ".join("%.2f" % g for g in v["cpu_gb_all"])))
         L.append("")
         L.append("Datapath evidence over the measured repetitions (counter deltas, both nodes):")
@@ -838,6 +868,11 @@ class ClusterBench:
             """RTT p50 of a less that of b, µs: (text, median gap or None)."""
             return by_repetition([x - y for x, y in zip(a["p50_all"], b["p50_all"])], "%+.1f µs")
 
+        def rep_relay_cpu(a, b):
+            """CPU per round trip of a's proxies (or relays) less b's, µs: (text, median)."""
+            return by_repetition([x - y for x, y in zip(a["relay_cpu_rt_all"],
+                                                        b["relay_cpu_rt_all"])], "%+.1f µs")
+
         v, t = s.get("bypass/cross"), s.get("tlsfloor/cross")
         if v is not None and t is not None:
             d = v["p50"] - t["p50"]
@@ -860,6 +895,33 @@ class ClusterBench:
                          "met" if c <= TARGET_CPU_VS_TLS_FLOOR else "NOT met", v["tp1"], t["tp1"],
                          v["cpu_us_per_rt"], t["cpu_us_per_rt"],
                          v["cpu_us_per_rt"] - t["cpu_us_per_rt"]))
+        if v is not None and t is not None and v["relay_cpu_us_per_rt"] is not None:
+            L.append("- Of that CPU per round trip, the two node proxies of (2) against the two "
+                     "relays of (t), which sit where the proxies do: %.1f against %.1f µs (%s); "
+                     "the rest (apps, and the kernel work charged to them) %.1f against %.1f µs. "
+                     "Each process's time on a CPU, all threads, the softirq work done on its "
+                     "time included (/proc/<pid>/task/*/schedstat)." % (
+                         v["relay_cpu_us_per_rt"], t["relay_cpu_us_per_rt"],
+                         rep_relay_cpu(v, t)[0],
+                         v["cpu_us_per_rt"] - v["relay_cpu_us_per_rt"],
+                         t["cpu_us_per_rt"] - t["relay_cpu_us_per_rt"]))
+        # The baseline build's rows against this build's, repetition by repetition: what an
+        # interleaved A/B run shows for a change.
+        for mesh, base, label, blabel in (("bypass", "basebypass", "(2)", "(2b)"),
+                                          ("nobypass", "basenobypass", "(3)", "(3b)")):
+            for topo in ("cross", "same"):
+                a, b = s.get("%s/%s" % (mesh, topo)), s.get("%s/%s" % (base, topo))
+                if a is None or b is None:
+                    continue
+                L.append("- %s → %s, the baseline's binaries against these (%s): RTT p50 %.1f → "
+                         "%.1f µs (%s less %s %s); the node proxies' CPU per round trip %.1f → "
+                         "%.1f µs (%s); CPU s/GB %.2f → %.2f (%s over %s %s); 1 stream %.2f → "
+                         "%.2f Gbit/s." % (
+                             blabel, label, dict(TOPOLOGIES)[topo], b["p50"], a["p50"], label,
+                             blabel, rep_gaps(a, b)[0], b["relay_cpu_us_per_rt"],
+                             a["relay_cpu_us_per_rt"], rep_relay_cpu(a, b)[0], b["cpu_per_gb"],
+                             a["cpu_per_gb"], label, blabel, rep_ratios(a, b), b["tp1"],
+                             a["tp1"]))
         n = s.get("nosrcip/cross")
         if v is not None and n is not None:
             L.append("- (2n) → (2), what preserving the client's source IP costs across nodes: CPU "
