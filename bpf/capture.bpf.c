@@ -234,7 +234,7 @@ SEC("tc")
 int sm_tc_egress(struct __sk_buff* skb) {
   struct sm_packet pkt = {};
   if (sm_parse_l4(skb, &pkt) < 0) {
-    sm_count(SM_CNT_PASSED);
+    sm_count(SM_CNT_UNPARSED);
     return SM_TC_ACT_OK;
   }
   if (skb->mark & SM_MARK_PROXY) {
@@ -275,6 +275,7 @@ int sm_tc_egress(struct __sk_buff* skb) {
    * (its accepted transparent socket, or its transparent connection to the app for inbound).
    * Flows that predate enrollment find no local socket and go to the wire as before. */
   if (sm_flow_is_known(sm_known_socket_state(skb, &pkt))) return sm_bounce_to_ingress(skb, &pkt);
+  sm_count(SM_CNT_UNKNOWN_FLOW);
   return sm_pass_to_wire(skb, &pkt);
 }
 
@@ -373,7 +374,7 @@ SEC("tc")
 int sm_tc_ingress(struct __sk_buff* skb) {
   struct sm_packet pkt = {};
   if (sm_parse_l4(skb, &pkt) < 0) {
-    sm_count(SM_CNT_PASSED);
+    sm_count(SM_CNT_UNPARSED);
     return SM_TC_ACT_OK;
   }
   if (skb->mark & SM_MARK_BOUNCED) return sm_ingress_bounced(skb, &pkt);

@@ -18,6 +18,10 @@
 #define SM_ETH_P_IPV6 0x86DD
 #define SM_IPPROTO_TCP 6
 #define SM_IPPROTO_UDP 17
+/* IPv6 extension headers that sm_parse_l4 steps over. */
+#define SM_IPPROTO_HOPOPTS 0
+#define SM_IPPROTO_ROUTING 43
+#define SM_IPPROTO_DSTOPTS 60
 #define SM_SOL_SOCKET 1
 #define SM_SO_MARK 36
 

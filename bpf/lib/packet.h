@@ -16,17 +16,26 @@ struct sm_packet {
   __u8 protocol; /* SM_IPPROTO_TCP or SM_IPPROTO_UDP */
 };
 
-/* Enough for Ethernet, an IPv4 header with options or an IPv6 header, and TCP with options (UDP's
- * header is shorter). */
-#define SM_HEADERS_MAX (14 + 60 + 60)
+/* IPv6 extension headers before TCP or UDP: at most this many, of at most this many bytes in all.
+ * The one that matters is Hop-by-Hop: the stack puts one with a jumbo payload option on an IPv6
+ * GSO packet whose payload passes 64 KiB (BIG TCP). TCP builds such packets for a socket whose
+ * route MTU is lo's (two segments at the least, tcp_min_tso_segs), as an enrolled app's route to
+ * its proxy is (SM_MARK_APP_ROUTE); a packet the parser gave up on would go to the wire. */
+#define SM_IPV6_EXT_MAX 3
+#define SM_IPV6_EXT_BYTES 64
+
+/* Enough for Ethernet, an IPv4 header with options or an IPv6 header with extension headers, and
+ * TCP with options (UDP's header is shorter). */
+#define SM_HEADERS_MAX (14 + 40 + SM_IPV6_EXT_BYTES + 60)
 
 static __always_inline int sm_tcp_flags_is_syn(__u8 flags) {
   return (flags & (SM_TCP_SYN | SM_TCP_ACK | SM_TCP_RST)) == SM_TCP_SYN;
 }
 
-/* Fills *pkt from a TCP or UDP packet. Returns 0 for TCP or UDP over IPv4/IPv6 (first fragment,
- * no IPv6 extension headers), -1 for anything else, which the programs let through. The ports sit
- * at the same offsets in both headers; only TCP has flags and a variable header length. */
+/* Fills *pkt from a TCP or UDP packet. Returns 0 for TCP or UDP over IPv4 (first fragment) or IPv6
+ * (behind Hop-by-Hop, routing and destination options headers, see SM_IPV6_EXT_MAX), -1 for
+ * anything else, which the programs let through and count (SM_CNT_UNPARSED). The ports sit at the
+ * same offsets in both headers; only TCP has flags and a variable header length. */
 static __always_inline int sm_parse_l4(struct __sk_buff* skb, struct sm_packet* pkt) {
   void* data = (void*)(long)skb->data;
   void* data_end = (void*)(long)skb->data_end;
@@ -66,10 +75,23 @@ static __always_inline int sm_parse_l4(struct __sk_buff* skb, struct sm_packet* 
     struct ipv6hdr* ip6 = (void*)(eth + 1);
     if ((void*)(ip6 + 1) > data_end) return -1;
     protocol = ip6->nexthdr;
-    if (protocol != SM_IPPROTO_TCP && protocol != SM_IPPROTO_UDP) return -1;
-    l4 = (void*)(ip6 + 1);
-    if ((void*)(l4 + 1) > data_end) return -1;
     l4_offset = sizeof(*eth) + sizeof(*ip6);
+    for (int i = 0; i < SM_IPV6_EXT_MAX; i++) {
+      if (protocol != SM_IPPROTO_HOPOPTS && protocol != SM_IPPROTO_ROUTING &&
+          protocol != SM_IPPROTO_DSTOPTS) {
+        break;
+      }
+      __u8 ext[2]; /* next header, length in 8-byte units not counting the first 8 */
+      if (bpf_skb_load_bytes(skb, l4_offset, ext, sizeof(ext)) < 0) return -1;
+      protocol = ext[0];
+      l4_offset += ((__u32)ext[1] + 1) * 8;
+      if (l4_offset > sizeof(*eth) + sizeof(*ip6) + SM_IPV6_EXT_BYTES) return -1;
+    }
+    if (protocol != SM_IPPROTO_TCP && protocol != SM_IPPROTO_UDP) return -1;
+    /* Bounded above for the verifier (the loop's check does it at run time). */
+    if (l4_offset > sizeof(*eth) + sizeof(*ip6) + SM_IPV6_EXT_BYTES) return -1;
+    l4 = data + l4_offset;
+    if ((void*)(l4 + 1) > data_end) return -1;
     sm_ip_from_v6(&pkt->src, ip6->saddr.in6_u.u6_addr32);
     sm_ip_from_v6(&pkt->dst, ip6->daddr.in6_u.u6_addr32);
     __builtin_memcpy(pkt->tuple.ipv6.saddr, ip6->saddr.in6_u.u6_addr32, 16);

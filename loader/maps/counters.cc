@@ -41,6 +41,8 @@ constexpr CounterInfo kCounters[] = {
     {"mss_raised", "bounced SYNs and SYN-ACKs whose MSS option was raised to the local hop's"},
     {"app_routed", "enrolled apps' sockets (connecting or accepted) given the lo-sized route"},
     {"mss_clamped", "SYNs and SYN-ACKs to or from the wire whose MSS was lowered to eth0's MTU"},
+    {"unparsed", "packets tc could not parse (not IP, or headers out of reach), let through"},
+    {"unknown_flow", "later TCP packets of an enrolled pod with no local socket, to the wire"},
 };
 static_assert(std::size(kCounters) == SM_CNT_COUNT, "name every enum sm_counter value");
 

@@ -128,6 +128,11 @@ enum sm_counter {
                                    connected or were accepted (their route has a lo-sized MTU) */
   SM_CNT_MSS_CLAMPED,           /* SYNs and SYN-ACKs between eth0 and the wire whose MSS option tc
                                    lowered to what eth0's MTU carries, see capture.bpf.c */
+  SM_CNT_UNPARSED,              /* packets tc could not parse (not IP, or headers out of reach):
+                                   let through untouched */
+  SM_CNT_UNKNOWN_FLOW,          /* later TCP packets of an enrolled pod at tc egress with no local
+                                   socket for their tuple: to the wire (flows from before the
+                                   enrollment) */
   SM_CNT_COUNT,
 };
 
