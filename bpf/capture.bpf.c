@@ -44,7 +44,8 @@
  * Only the first option is looked at, where Linux and the other common stacks put MSS.
  *
  * Counters: each program run counts exactly one decision (see enum sm_counter); tc_payload,
- * mss_raised and mss_clamped count what a bounce or a pass also did. */
+ * mss_raised and mss_clamped count what a bounce or a pass also did, and unknown_flow why a pass
+ * happened (a later packet of an enrolled pod with no local socket, counted as passed too). */
 #include "lib/packet.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

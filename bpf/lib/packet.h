@@ -33,7 +33,7 @@ static __always_inline int sm_tcp_flags_is_syn(__u8 flags) {
 }
 
 /* Fills *pkt from a TCP or UDP packet. Returns 0 for TCP or UDP over IPv4 (first fragment) or IPv6
- * (behind Hop-by-Hop, routing and destination options headers, see SM_IPV6_EXT_MAX), -1 for
+ * (behind Hop-by-Hop, destination options and spent routing headers, see SM_IPV6_EXT_MAX), -1 for
  * anything else, which the programs let through and count (SM_CNT_UNPARSED). The ports sit at the
  * same offsets in both headers; only TCP has flags and a variable header length. */
 static __always_inline int sm_parse_l4(struct __sk_buff* skb, struct sm_packet* pkt) {
@@ -81,8 +81,13 @@ static __always_inline int sm_parse_l4(struct __sk_buff* skb, struct sm_packet* 
           protocol != SM_IPPROTO_DSTOPTS) {
         break;
       }
-      __u8 ext[2]; /* next header, length in 8-byte units not counting the first 8 */
+      /* next header, length in 8-byte units not counting the first 8; a routing header's type
+       * and segments left */
+      __u8 ext[4];
       if (bpf_skb_load_bytes(skb, l4_offset, ext, sizeof(ext)) < 0) return -1;
+      /* With segments left, the destination address is a waypoint, not the socket's peer: the
+       * tuple would be wrong, so such a packet is not parsed (let through, as before). */
+      if (protocol == SM_IPPROTO_ROUTING && ext[3] != 0) return -1;
       protocol = ext[0];
       l4_offset += ((__u32)ext[1] + 1) * 8;
       if (l4_offset > sizeof(*eth) + sizeof(*ip6) + SM_IPV6_EXT_BYTES) return -1;

@@ -581,11 +581,24 @@ TEST_F(CaptureTest, Ipv6PacketsBehindAHopByHopHeaderAreCapturedLikeTheRest) {
   EXPECT_EQ(egress(syn).verdict, TC_ACT_REDIRECT);
   EXPECT_EQ(moved(), (Counts{{"bounced", 1}}));
 
+  // Destination options, and a routing header with no segments left, are stepped over too.
+  auto opts = testing::with_ipv6_extension(tcp_frame(client_ep, server_ep, kAck, 10), 60,
+                                           {1, 4, 0, 0, 0, 0});  // PadN
+  EXPECT_EQ(egress(opts).verdict, TC_ACT_REDIRECT);
+  auto routed = testing::with_ipv6_extension(tcp_frame(client_ep, server_ep, kAck, 10), 43,
+                                             {4, 0, 0, 0, 0, 0});  // type 4, 0 segments left
+  EXPECT_EQ(egress(routed).verdict, TC_ACT_REDIRECT);
+  EXPECT_EQ(moved(), (Counts{{"bounced", 2}, {"tc_payload", 2}}));
+
+  // With segments left, the destination is a waypoint, not the peer: not parsed, let through.
+  auto waypoint = testing::with_ipv6_extension(tcp_frame(client_ep, server_ep, kAck, 10), 43,
+                                               {4, 1, 0, 0, 0, 0});
+  EXPECT_EQ(egress(waypoint).verdict, TC_ACT_OK);
   // More extension headers than the parser steps over: let through, and counted.
   auto deep = tcp_frame(ep("[fd00::2]:40001"), ep("[fd00:9::1]:443"), kAck, 10);
-  for (int i = 0; i < 4; ++i) deep = testing::with_jumbo_hop_by_hop(deep);
+  for (int i = 0; i < 4; ++i) deep = testing::with_ipv6_extension(deep, 60, {1, 4, 0, 0, 0, 0});
   EXPECT_EQ(egress(deep).verdict, TC_ACT_OK);
-  EXPECT_EQ(moved(), (Counts{{"unparsed", 1}}));
+  EXPECT_EQ(moved(), (Counts{{"unparsed", 2}}));
 }
 
 }  // namespace

@@ -75,21 +75,30 @@ inline size_t l4_offset(const std::vector<uint8_t>& frame) {
   return sizeof(ethhdr) + (proto == ETH_P_IP ? (frame[sizeof(ethhdr)] & 0x0f) * 4u : sizeof(ipv6hdr));
 }
 
-// An IPv6 frame of tcp_frame() as the stack hands a BIG TCP packet (a GSO packet whose payload
-// passes 64 KiB) to the device: a Hop-by-Hop header with the jumbo payload option between the
-// IPv6 and the TCP header, and the IPv6 payload length 0. The option carries the frame's own
-// payload length; the programs only need the header chain.
-inline std::vector<uint8_t> with_jumbo_hop_by_hop(std::vector<uint8_t> frame) {
+// An IPv6 frame of tcp_frame() with an 8-byte extension header of `type` (0 Hop-by-Hop, 43
+// routing, 60 destination options) right after the IPv6 header; `body` fills its bytes 2 to 7.
+inline std::vector<uint8_t> with_ipv6_extension(std::vector<uint8_t> frame, uint8_t type,
+                                                const std::array<uint8_t, 6>& body) {
   size_t l3 = sizeof(ethhdr);
   auto* ip6 = reinterpret_cast<ipv6hdr*>(frame.data() + l3);
-  uint8_t next = ip6->nexthdr;
-  ip6->nexthdr = 0;  // Hop-by-Hop
-  ip6->payload_len = 0;
-  uint32_t jumbo = htonl(static_cast<uint32_t>(frame.size() - l3 - sizeof(ipv6hdr) + 8));
-  std::vector<uint8_t> hbh = {next, 0, 0xc2, 4, 0, 0, 0, 0};  // next, 8 bytes, jumbo option
-  std::memcpy(hbh.data() + 4, &jumbo, 4);
-  frame.insert(frame.begin() + static_cast<std::ptrdiff_t>(l3 + sizeof(ipv6hdr)), hbh.begin(),
-               hbh.end());
+  std::vector<uint8_t> ext = {ip6->nexthdr, 0};  // next header, 8 bytes long
+  ext.insert(ext.end(), body.begin(), body.end());
+  ip6->nexthdr = type;
+  ip6->payload_len = htons(static_cast<uint16_t>(ntohs(ip6->payload_len) + ext.size()));
+  frame.insert(frame.begin() + static_cast<std::ptrdiff_t>(l3 + sizeof(ipv6hdr)), ext.begin(),
+               ext.end());
+  return frame;
+}
+
+// As the stack hands a BIG TCP packet (a GSO packet whose payload passes 64 KiB) to the device: a
+// Hop-by-Hop header with the jumbo payload option, and the IPv6 payload length 0. The option
+// carries the frame's own payload length; the programs only need the header chain.
+inline std::vector<uint8_t> with_jumbo_hop_by_hop(std::vector<uint8_t> frame) {
+  uint32_t jumbo = htonl(static_cast<uint32_t>(frame.size() - sizeof(ethhdr) - sizeof(ipv6hdr) + 8));
+  std::array<uint8_t, 6> option = {0xc2, 4, 0, 0, 0, 0};  // jumbo payload, 4 bytes
+  std::memcpy(option.data() + 2, &jumbo, 4);
+  frame = with_ipv6_extension(std::move(frame), 0, option);
+  reinterpret_cast<ipv6hdr*>(frame.data() + sizeof(ethhdr))->payload_len = 0;
   return frame;
 }
 
