@@ -95,6 +95,34 @@ Endpoint local_endpoint(int fd) {
   return *Endpoint::from_sockaddr(reinterpret_cast<sockaddr*>(&ss));
 }
 
+// A real TCP connection on loopback from `from` (bound when given) to a listener on `to`: the
+// accepted socket owns the flow's tuple, as the proxy's transparent socket owns a captured flow's.
+struct Connection {
+  UniqueFd server, client, accepted;
+  Endpoint server_ep, client_ep;
+};
+
+Connection connect_on_loopback(const char* to, const char* from = nullptr) {
+  Connection c;
+  c.server = tcp_listener(to);
+  c.server_ep = local_endpoint(c.server.get());
+  sockaddr_storage dst{};
+  socklen_t dst_len = c.server_ep.to_sockaddr(&dst);
+  c.client = UniqueFd(socket(dst.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (from != nullptr) {
+    auto at = Endpoint::parse(std::string(from) + ":1");
+    at->port = 0;  // any port (parse refuses 0)
+    sockaddr_storage src{};
+    socklen_t src_len = at->to_sockaddr(&src);
+    EXPECT_EQ(bind(c.client.get(), reinterpret_cast<sockaddr*>(&src), src_len), 0);
+  }
+  EXPECT_EQ(connect(c.client.get(), reinterpret_cast<sockaddr*>(&dst), dst_len), 0);
+  c.accepted = UniqueFd(accept(c.server.get(), nullptr, nullptr));
+  EXPECT_TRUE(c.accepted.valid());
+  c.client_ep = local_endpoint(c.client.get());
+  return c;
+}
+
 struct RunResult {
   int verdict = -1;
   uint32_t mark = 0;
@@ -338,21 +366,11 @@ TEST_F(CaptureTest, FailOpenPassesSynWhenTheProxyListenerIsMissing) {
 
 TEST_F(CaptureTest, EgressBouncesPacketsOfAKnownFlowAndPassesOthers) {
   enroll("127.0.0.2");
-  // A real connection 127.0.0.2:C -> 127.0.0.1:P: the accepted socket owns that tuple, as the
-  // proxy's transparent socket owns a captured flow's.
-  UniqueFd server = tcp_listener("127.0.0.1");
-  Endpoint server_ep = local_endpoint(server.get());
-  UniqueFd client(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in from{};
-  from.sin_family = AF_INET;
-  from.sin_addr.s_addr = ip("127.0.0.2").v4_network_order();
-  ASSERT_EQ(bind(client.get(), reinterpret_cast<sockaddr*>(&from), sizeof(from)), 0);
-  sockaddr_storage to{};
-  socklen_t to_len = server_ep.to_sockaddr(&to);
-  ASSERT_EQ(connect(client.get(), reinterpret_cast<sockaddr*>(&to), to_len), 0);
-  UniqueFd accepted(accept(server.get(), nullptr, nullptr));
-  ASSERT_TRUE(accepted.valid());
-  Endpoint client_ep = local_endpoint(client.get());
+  // A real connection 127.0.0.2:C -> 127.0.0.1:P.
+  Connection conn = connect_on_loopback("127.0.0.1", "127.0.0.2");
+  ASSERT_FALSE(HasFailure());
+  const Endpoint& server_ep = conn.server_ep;
+  const Endpoint& client_ep = conn.client_ep;
   moved();
 
   auto known = egress(tcp_frame(client_ep, server_ep, kAck | kPsh, 100));
@@ -552,15 +570,10 @@ TEST_F(CaptureTest, Ipv6OutboundAndInbound) {
 // wire, where its tail segment reached the real peer and drew a reset (#16's dual-stack flake).
 TEST_F(CaptureTest, Ipv6PacketsBehindAHopByHopHeaderAreCapturedLikeTheRest) {
   enroll("::1");
-  UniqueFd server = tcp_listener("[::1]");
-  Endpoint server_ep = local_endpoint(server.get());
-  UniqueFd client(socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_storage to{};
-  socklen_t to_len = server_ep.to_sockaddr(&to);
-  ASSERT_EQ(connect(client.get(), reinterpret_cast<sockaddr*>(&to), to_len), 0);
-  UniqueFd accepted(accept(server.get(), nullptr, nullptr));
-  ASSERT_TRUE(accepted.valid());
-  Endpoint client_ep = local_endpoint(client.get());
+  Connection conn = connect_on_loopback("[::1]");
+  ASSERT_FALSE(HasFailure());
+  const Endpoint& server_ep = conn.server_ep;
+  const Endpoint& client_ep = conn.client_ep;
   moved();
 
   auto big = testing::with_jumbo_hop_by_hop(tcp_frame(client_ep, server_ep, kAck | kPsh, 300));
