@@ -303,6 +303,33 @@ TEST_F(CaptureTest, BouncedSynOffersTheProxyTheLocalHopMss) {
   }
 }
 
+// The MSS option is found after the IPv6 extension headers the parser steps over: a SYN behind a
+// Hop-by-Hop header has its MSS raised and its checksum kept right, and the header is untouched.
+TEST_F(CaptureTest, MssIsRewrittenBehindIpv6ExtensionHeaders) {
+  enroll("fd00::2");
+  UniqueFd proxy6 = register_listener("fd00::2", ListenerKind::kOutbound);
+  auto syn = [](uint16_t mss) {
+    auto frame = with_tcp_options(tcp_frame(ep("[fd00::2]:40000"), ep("[fd00:9::1]:443"), kSyn),
+                                  syn_options(mss));
+    set_tcp_checksum(frame);  // the pseudo-header has no extension headers in it
+    frame = testing::with_ipv6_extension(std::move(frame), 0, {1, 4, 0, 0, 0, 0});  // PadN
+    return testing::with_ipv6_extension(std::move(frame), 60, {1, 4, 0, 0, 0, 0});
+  };
+  auto frame = syn(1440);
+  ASSERT_EQ(testing::l4_offset(frame), sizeof(ethhdr) + sizeof(ipv6hdr) + 16);
+  ASSERT_EQ(first_option_mss(frame), 1440);
+  ASSERT_EQ(tcp_checksum_residue(frame), 0) << "the test's own checksum";
+  auto r = egress(frame);
+  EXPECT_EQ(r.verdict, TC_ACT_REDIRECT);
+  EXPECT_EQ(first_option_mss(r.frame), SM_LOCAL_HOP_MSS);
+  EXPECT_EQ(tcp_checksum_residue(r.frame), 0) << "the checksum follows the option";
+  auto expected = syn(SM_LOCAL_HOP_MSS);
+  ASSERT_EQ(r.frame.size(), expected.size());
+  EXPECT_TRUE(std::equal(expected.begin() + 6, expected.end(), r.frame.begin() + 6))
+      << "only the MSS (and its checksum) and the destination MAC may change";
+  EXPECT_EQ(moved(), (Counts{{"bounced", 1}, {"mss_raised", 1}}));
+}
+
 TEST_F(CaptureTest, MssIsLeftAloneWhenItIsNotTheFirstOptionOrAlreadyLarge) {
   enroll("10.0.0.2");
   UniqueFd proxy = register_listener("10.0.0.2", ListenerKind::kOutbound);

@@ -69,10 +69,18 @@ inline std::vector<uint8_t> tcp_frame(const Endpoint& src, const Endpoint& dst, 
   return frame;
 }
 
-// Offset of the TCP (or UDP) header in a frame of tcp_frame().
+// Offset of the TCP (or UDP) header in a frame of tcp_frame(), after any IPv6 extension headers
+// of with_ipv6_extension() (Hop-by-Hop, routing, destination options).
 inline size_t l4_offset(const std::vector<uint8_t>& frame) {
   uint16_t proto = static_cast<uint16_t>(frame[12] << 8 | frame[13]);
-  return sizeof(ethhdr) + (proto == ETH_P_IP ? (frame[sizeof(ethhdr)] & 0x0f) * 4u : sizeof(ipv6hdr));
+  if (proto == ETH_P_IP) return sizeof(ethhdr) + (frame[sizeof(ethhdr)] & 0x0f) * 4u;
+  size_t at = sizeof(ethhdr) + sizeof(ipv6hdr);
+  uint8_t next = reinterpret_cast<const ipv6hdr*>(frame.data() + sizeof(ethhdr))->nexthdr;
+  while ((next == 0 || next == 43 || next == 60) && at + 2 <= frame.size()) {
+    next = frame[at];
+    at += (frame[at + 1] + 1u) * 8;
+  }
+  return at;
 }
 
 // An IPv6 frame of tcp_frame() with an 8-byte extension header of `type` (0 Hop-by-Hop, 43
@@ -111,9 +119,10 @@ inline std::vector<uint8_t> with_tcp_options(std::vector<uint8_t> frame,
   auto* th = reinterpret_cast<tcphdr*>(frame.data() + tcp);
   th->doff = static_cast<uint16_t>((sizeof(tcphdr) + options.size()) / 4);
   uint8_t* l3 = frame.data() + sizeof(ethhdr);
-  if (tcp - sizeof(ethhdr) == sizeof(ipv6hdr) && (l3[0] >> 4) == 6) {
+  if ((l3[0] >> 4) == 6) {
     auto* ip6 = reinterpret_cast<ipv6hdr*>(l3);
-    ip6->payload_len = htons(static_cast<uint16_t>(frame.size() - tcp));
+    ip6->payload_len =
+        htons(static_cast<uint16_t>(frame.size() - sizeof(ethhdr) - sizeof(ipv6hdr)));
   } else {
     auto* ip = reinterpret_cast<iphdr*>(l3);
     ip->tot_len = htons(static_cast<uint16_t>(frame.size() - sizeof(ethhdr)));
