@@ -19,7 +19,8 @@ cluster's one config file (`mesh.yaml`), which both nodes' agents and proxies re
 rewrites it when pods, services or policies change, as a control plane would.
 
 Every name starts with smc-<pid>-<n>-, so leftovers of a dead run are recognised and swept (netns,
-cgroups, pin roots, processes). close() removes everything, also after a failure.
+cgroups, pin roots, processes, podman containers). close() removes everything, also after a
+failure, and SIGTERM to the process that made the cluster closes it too.
 """
 import ctypes
 import json
@@ -28,7 +29,9 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 
 import yaml
@@ -143,6 +146,20 @@ def sweep_leftovers(log=None):
         if cid not in cluster_ids:
             cluster_ids[cid] = not _populated(os.path.join(cg, cid))
         return cluster_ids[cid]
+    # Containers first (scripts/demo --containers, the chart tests): their processes sit in the
+    # cluster's cgroup, so while they run it looks like a cluster kept up on purpose. No cluster
+    # with containers is ever kept (--containers and --keep do not go together), so a container
+    # whose creating process is dead is a leftover.
+    if shutil.which("podman"):
+        out = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"],
+                             capture_output=True, text=True, timeout=60)
+        for name in out.stdout.split() if out.returncode == 0 else []:
+            pid = _owner_pid(name)
+            if pid and pid != os.getpid() and not _pid_alive(pid):
+                subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True,
+                               timeout=60)
+                if log:
+                    log("swept container %s" % name)
     for name in sorted(os.listdir(cg)):
         if stale(name):
             _remove_cgroup(os.path.join(cg, name))
@@ -166,6 +183,30 @@ def sweep_leftovers(log=None):
             run(["ip", "netns", "delete", name], check=False)
             if log:
                 log("swept netns %s" % name)
+
+
+_open_clusters = []  # clusters of this process not yet closed, for _close_on_sigterm
+
+
+def _close_on_sigterm(signum, frame):
+    """SIGTERM (timeout(1), a CI runner cancelling, kill): close this process's clusters, then
+    die of the signal as before. Without it a terminated test or bench left its netns, pin roots,
+    cgroups and containers for the next run's sweep."""
+    for c in list(_open_clusters):
+        try:
+            c.close()
+        except Exception as e:  # noqa: BLE001 - the others must still be closed
+            print("closing %s on SIGTERM: %s" % (c.id, e), file=sys.stderr)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _watch_sigterm():
+    # Only where nobody else handles it, and only the main thread may set a handler.
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _close_on_sigterm)
 
 
 def _populated(cgroup):
@@ -667,6 +708,9 @@ class Cluster:
                 raise ClusterError("/usr/lib/cni/%s is missing: apt-get install "
                                    "containernetworking-plugins" % plugin)
         sweep_leftovers(self.say)
+        if not self.keep:
+            _open_clusters.append(self)
+            _watch_sigterm()
         os.makedirs(self.cgroup)
         self._made["cgroups"].append(self.cgroup)
         self.write_config()
@@ -882,6 +926,8 @@ class Cluster:
         if self.closed:
             return
         self.closed = True
+        if self in _open_clusters:
+            _open_clusters.remove(self)
         errors = []
         for p in self.pods:
             p.stop_processes()

@@ -1,13 +1,16 @@
 #!/usr/bin/python3
 """End to end on two simulated nodes, when things stop: the proxy drained by SIGTERM and
 restarted, the proxy killed mid-transfer, the node agent restarted under load, and a node whose
-proxy is down. Topology: cluster.demo_topology; the proxies' drain deadline is 3 s."""
+proxy is down. Topology: cluster.demo_topology; the proxies' drain deadline is 3 s. OwnerDies: the
+process that made a cluster is terminated or killed."""
 import os
 import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
+import unittest
 
 from cluster_case import APP_PORT, ECHO_VIP, ClusterCase, cluster, main, wait_until
 
@@ -302,6 +305,61 @@ class Failures(ClusterCase):
         self.talk(self.client, "%s:%d" % (self.pods["echo-a"].ip, APP_PORT), 4096)
         self.b.start_proxy()
         self.assert_fresh_traffic_flows()
+
+
+class OwnerDies(unittest.TestCase):
+    """The process that made a cluster dies: by SIGTERM it removes the cluster itself; by SIGKILL
+    the next cluster's sweep removes what it left."""
+
+    OWNER = r"""
+import sys
+sys.path.insert(0, %r)
+import cluster
+c = cluster.Cluster()
+c.up()
+c.label_namespace("shop", True)
+c.write_config(wait=True)
+c.add_pod("node-a", "shop", "app", "default", labels={"app": "app"})
+print(c.id, flush=True)
+sys.stdin.read()  # until the test kills it
+"""
+
+    def start_owner(self):
+        owner = subprocess.Popen(
+            [cluster.PYTHON, "-c", self.OWNER % os.path.dirname(cluster.__file__)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: owner.poll() is None and owner.kill())
+        self.addCleanup(lambda: [f.close() for f in (owner.stdin, owner.stdout, owner.stderr)])
+        cid = owner.stdout.readline().strip()  # the cluster's id, once it is up
+        self.assertTrue(cid.startswith(cluster.PREFIX + "-%d-" % owner.pid),
+                        "the owner printed %r; stderr: %s" % (cid, owner.stderr.read()[-3000:]
+                                                              if not cid else ""))
+        return owner, cid
+
+    @staticmethod
+    def leftovers(cid):
+        found = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                           text=True).stdout.split() if n.startswith(cid)]
+        for where in (cluster.cgroup2_mount(), cluster.bpffs_root(), tempfile.gettempdir()):
+            if os.path.isdir(where):
+                found += [os.path.join(where, n) for n in os.listdir(where)
+                          if n.startswith(cid + "-") or n == cid]
+        return found
+
+    def test_sigterm_to_the_owner_removes_its_cluster(self):
+        owner, cid = self.start_owner()
+        self.assertNotEqual(self.leftovers(cid), [], "the cluster should be up")
+        owner.send_signal(signal.SIGTERM)
+        self.assertEqual(owner.wait(30), -signal.SIGTERM, "it still dies of the signal")
+        self.assertEqual(self.leftovers(cid), [])
+
+    def test_a_killed_owners_cluster_is_swept_by_the_next_one(self):
+        owner, cid = self.start_owner()
+        owner.kill()
+        owner.wait(30)
+        self.assertNotEqual(self.leftovers(cid), [], "SIGKILL leaves it behind")
+        cluster.sweep_leftovers()
+        self.assertEqual(self.leftovers(cid), [])
 
 
 if __name__ == "__main__":
