@@ -19,11 +19,14 @@ the same work, one after the other:
   - the same stream under perf record: the samples of the two processes by where they were
     (kernel send path, kernel receive path, softirq, crypto, memcpy, the rest), per MiB;
   - the same stream under perf trace -s, each side apart: the time spent inside each system call
-    (which includes the softirq work a send or a receive does in line), per GiB.
+    (which includes the softirq work a send or a receive does in line), per GiB;
+  - the round trips once more with the kernel's BPF run-time statistics on: each program's runs
+    and time per round trip (the capture programs at tc on the pods' eth0, sockops, sk_msg).
 Prints a table; compare rows of one run only. Needs perf (Debian linux-perf, scripts/setup).
 """
 import argparse
 import collections
+import json
 import os
 import subprocess
 import sys
@@ -99,6 +102,38 @@ def sockets_midway(pods, work, after):
     if failed:
         raise failed[0]
     return seen
+
+
+BPF_STATS = "/proc/sys/kernel/bpf_stats_enabled"
+
+
+def bpf_programs():
+    """{program name: [runs, ns]} over the kernel's BPF programs (run time counted while
+    kernel.bpf_stats_enabled is 1)."""
+    out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True)
+    totals = collections.defaultdict(lambda: [0, 0])
+    for prog in json.loads(out.stdout or "[]"):
+        totals[prog.get("name", "?")][0] += prog.get("run_cnt", 0)
+        totals[prog.get("name", "?")][1] += prog.get("run_time_ns", 0)
+    return totals
+
+
+def bpf_time(work):
+    """Runs work(); returns {program name: (runs, ns)} of the BPF programs that ran meanwhile
+    (the capture programs at tc, sockops, sk_msg), with the kernel's run-time statistics on."""
+    with open(BPF_STATS) as f:
+        was = f.read().strip()
+    with open(BPF_STATS, "w") as f:
+        f.write("1")
+    try:
+        before = bpf_programs()
+        work()
+        after = bpf_programs()
+    finally:
+        with open(BPF_STATS, "w") as f:
+            f.write(was)
+    return {name: (runs - before[name][0], ns - before[name][1])
+            for name, (runs, ns) in after.items() if runs > before[name][0]}
 
 
 def perf_stat(pid_list, events, work):
@@ -206,6 +241,7 @@ def main(argv):
                                            "--reps", "1", "--first-byte-conns", "0"]))
     rows = []
     socket_rows = []
+    bpf_rows = []
     try:
         bench.setup()
         for combo in bench.combos:
@@ -232,11 +268,13 @@ def main(argv):
             c0 = cb.cgroup_cpu_seconds(combo.cluster.cgroup)
             split = cpu_split(procs, rtts)
             split = split + (cb.cgroup_cpu_seconds(combo.cluster.cgroup) - c0,)
+            programs = bpf_time(rtts)
             # a round trip takes 100-200 µs here: look about a quarter of the way in
             sockets = sockets_midway([combo.client, combo.server], rtts, o.rtts * 50e-6)
             places = perf_places(procs, stream)
             traced = perf_trace_times(procs, stream)
             rows.append((combo.path, s, r, places, split, stream_split[0], traced))
+            bpf_rows.append((combo.path, programs))
             socket_rows.append((combo.path, sockets))
     finally:
         bench.cleanup()
@@ -282,6 +320,14 @@ def main(argv):
         print("- %s: %s" % (names[path], ", ".join(
             "%s %.2f" % (k.split("sys_enter_")[1], v / o.rtts) for k, v in sorted(r.items())
             if v > 0)))
+    print("\nBPF programs during the round trips (kernel.bpf_stats_enabled on for the run): "
+          "runs per round trip, ns per run, µs per round trip. The floor rows' pods are not "
+          "enrolled, so their packets meet none:")
+    for path, programs in bpf_rows:
+        total = sum(ns for _, ns in programs.values()) / 1e3 / o.rtts
+        print("- %s: %s; in all %.2f µs" % (names[path], ", ".join(
+            "%s %.2f × %.0f ns = %.2f µs" % (name, runs / o.rtts, ns / runs, ns / 1e3 / o.rtts)
+            for name, (runs, ns) in sorted(programs.items())) or "none", total))
     print("\nTCP sockets of the two pods about a quarter of the way into the round trips "
           "(`ss -tni` in each pod's netns): local → peer, segments sent, of them with data. A "
           "socket that sends nothing but ACKs, one per message it gets, is a pod's app still in "

@@ -32,37 +32,32 @@ static __always_inline int sm_tcp_flags_is_syn(__u8 flags) {
   return (flags & (SM_TCP_SYN | SM_TCP_ACK | SM_TCP_RST)) == SM_TCP_SYN;
 }
 
-/* Fills *pkt from a TCP or UDP packet. Returns 0 for TCP or UDP over IPv4 (first fragment) or IPv6
- * (behind Hop-by-Hop, destination options and spent routing headers, see SM_IPV6_EXT_MAX), -1 for
- * anything else, which the programs let through and count (SM_CNT_UNPARSED). The ports sit at the
- * same offsets in both headers; only TCP has flags and a variable header length. */
-static __always_inline int sm_parse_l4(struct __sk_buff* skb, struct sm_packet* pkt) {
+/* sm_parse_headers' answer when a header it needs lies past the skb's linear data. */
+#define SM_PARSE_SHORT (-2)
+
+/* Fills *pkt from the headers in the skb's linear data: 0 for TCP or UDP it parses, -1 for a packet
+ * it does not (see sm_parse_l4), SM_PARSE_SHORT when a header it reads directly is not all in the
+ * linear data. IPv6 extension headers are read with bpf_skb_load_bytes, wherever they are. */
+static __always_inline int sm_parse_headers(struct __sk_buff* skb, struct sm_packet* pkt) {
   void* data = (void*)(long)skb->data;
   void* data_end = (void*)(long)skb->data_end;
-  if (data + SM_HEADERS_MAX > data_end && skb->len > (__u32)(data_end - data)) {
-    /* Headers partly in paged data (rare: locally built and GRO'd packets have them linear). */
-    __u32 want = skb->len < SM_HEADERS_MAX ? skb->len : SM_HEADERS_MAX;
-    if (bpf_skb_pull_data(skb, want) < 0) return -1;
-    data = (void*)(long)skb->data;
-    data_end = (void*)(long)skb->data_end;
-  }
 
   struct ethhdr* eth = data;
-  if ((void*)(eth + 1) > data_end) return -1;
+  if ((void*)(eth + 1) > data_end) return SM_PARSE_SHORT;
 
   struct udphdr* l4; /* the ports of either protocol */
   __u32 l4_offset;
   __u8 protocol;
   if (eth->h_proto == bpf_htons(SM_ETH_P_IP)) {
     struct iphdr* ip = (void*)(eth + 1);
-    if ((void*)(ip + 1) > data_end) return -1;
+    if ((void*)(ip + 1) > data_end) return SM_PARSE_SHORT;
     protocol = ip->protocol;
     if (protocol != SM_IPPROTO_TCP && protocol != SM_IPPROTO_UDP) return -1;
     if (ip->frag_off & bpf_htons(SM_IP_OFFSET_MASK)) return -1;
     __u32 ihl = ip->ihl * 4;
     if (ihl < sizeof(*ip)) return -1;
     l4 = (void*)ip + ihl;
-    if ((void*)(l4 + 1) > data_end) return -1;
+    if ((void*)(l4 + 1) > data_end) return SM_PARSE_SHORT;
     l4_offset = sizeof(*eth) + ihl;
     sm_ip_from_v4(&pkt->src, ip->saddr);
     sm_ip_from_v4(&pkt->dst, ip->daddr);
@@ -73,7 +68,7 @@ static __always_inline int sm_parse_l4(struct __sk_buff* skb, struct sm_packet* 
     pkt->is_v6 = 0;
   } else if (eth->h_proto == bpf_htons(SM_ETH_P_IPV6)) {
     struct ipv6hdr* ip6 = (void*)(eth + 1);
-    if ((void*)(ip6 + 1) > data_end) return -1;
+    if ((void*)(ip6 + 1) > data_end) return SM_PARSE_SHORT;
     protocol = ip6->nexthdr;
     l4_offset = sizeof(*eth) + sizeof(*ip6);
     for (int i = 0; i < SM_IPV6_EXT_MAX; i++) {
@@ -96,7 +91,7 @@ static __always_inline int sm_parse_l4(struct __sk_buff* skb, struct sm_packet* 
     /* Bounded above for the verifier (the loop's check does it at run time). */
     if (l4_offset > sizeof(*eth) + sizeof(*ip6) + SM_IPV6_EXT_BYTES) return -1;
     l4 = data + l4_offset;
-    if ((void*)(l4 + 1) > data_end) return -1;
+    if ((void*)(l4 + 1) > data_end) return SM_PARSE_SHORT;
     sm_ip_from_v6(&pkt->src, ip6->saddr.in6_u.u6_addr32);
     sm_ip_from_v6(&pkt->dst, ip6->daddr.in6_u.u6_addr32);
     __builtin_memcpy(pkt->tuple.ipv6.saddr, ip6->saddr.in6_u.u6_addr32, 16);
@@ -115,10 +110,30 @@ static __always_inline int sm_parse_l4(struct __sk_buff* skb, struct sm_packet* 
   __u32 headers = l4_offset + sizeof(struct udphdr);
   if (protocol == SM_IPPROTO_TCP) {
     struct tcphdr* tcp = (void*)l4;
-    if ((void*)(tcp + 1) > data_end) return -1;
+    if ((void*)(tcp + 1) > data_end) return SM_PARSE_SHORT;
     pkt->tcp_flags = ((__u8*)tcp)[13];
     headers = l4_offset + tcp->doff * 4;
   }
   pkt->payload_len = skb->len > headers ? skb->len - headers : 0;
   return 0;
+}
+
+/* Fills *pkt from a TCP or UDP packet. Returns 0 for TCP or UDP over IPv4 (first fragment) or IPv6
+ * (behind Hop-by-Hop, destination options and spent routing headers, see SM_IPV6_EXT_MAX), -1 for
+ * anything else, which the programs let through and count (SM_CNT_UNPARSED). The ports sit at the
+ * same offsets in both headers; only TCP has flags and a variable header length.
+ *
+ * The headers are parsed where they are; only when one is past the linear data are they pulled
+ * in. A TCP segment the stack builds has its headers linear and its payload in pages: pulling a
+ * fixed SM_HEADERS_MAX bytes would copy payload into a new head for every such segment (the
+ * pull reallocates the head of TCP's clone), which cost more than the rest of the egress program
+ * (bench/hbone_profile.py lists the programs' time per round trip). */
+static __always_inline int sm_parse_l4(struct __sk_buff* skb, struct sm_packet* pkt) {
+  int rv = sm_parse_headers(skb, pkt);
+  if (rv != SM_PARSE_SHORT) return rv;
+  __u32 linear = (__u32)((long)skb->data_end - (long)skb->data);
+  if (skb->len <= linear) return -1; /* truncated: there is nothing more to pull */
+  __u32 want = skb->len < SM_HEADERS_MAX ? skb->len : SM_HEADERS_MAX;
+  if (bpf_skb_pull_data(skb, want) < 0) return -1;
+  return sm_parse_headers(skb, pkt) == 0 ? 0 : -1;
 }
