@@ -126,8 +126,8 @@ static __always_inline int sm_parse_headers(struct __sk_buff* skb, struct sm_pac
  * The headers are parsed where they are; only when one is past the linear data are they pulled
  * in. A TCP segment the stack builds has its headers linear and its payload in pages: pulling a
  * fixed SM_HEADERS_MAX bytes would copy payload into a new head for every such segment (the
- * pull reallocates the head of TCP's clone), which cost more than the rest of the egress program
- * (bench/hbone_profile.py lists the programs' time per round trip). */
+ * pull reallocates the head of TCP's clone), which cost about as much as the rest of the egress
+ * program (bench/hbone_profile.py lists the programs' time per round trip). */
 static __always_inline int sm_parse_l4(struct __sk_buff* skb, struct sm_packet* pkt) {
   int rv = sm_parse_headers(skb, pkt);
   if (rv != SM_PARSE_SHORT) return rv;

@@ -303,6 +303,32 @@ TEST_F(CaptureTest, BouncedSynOffersTheProxyTheLocalHopMss) {
   }
 }
 
+// A frame that ends inside its headers: the parser finds the header short, has nothing to pull,
+// and lets the frame through as unparsed, for an enrolled pod with a listener as for any other.
+TEST_F(CaptureTest, FramesCutShortInTheirHeadersAreLetThroughAsUnparsed) {
+  enroll("10.0.0.2");
+  enroll("fd00::2");
+  UniqueFd proxy = register_listener("10.0.0.2", ListenerKind::kOutbound);
+  UniqueFd proxy6 = register_listener("fd00::2", ListenerKind::kOutbound);
+  auto v4 = tcp_frame(ep("10.0.0.2:40000"), ep("10.9.0.1:80"), kSyn);
+  auto v6 = tcp_frame(ep("[fd00::2]:40000"), ep("[fd00:9::1]:443"), kSyn);
+  ASSERT_EQ(egress(v4).verdict, TC_ACT_REDIRECT) << "the whole frame is captured";
+  ASSERT_EQ(egress(v6).verdict, TC_ACT_REDIRECT);
+  moved();
+  size_t tcp4 = testing::l4_offset(v4), tcp6 = testing::l4_offset(v6);
+  // Cut in the TCP header (the kernel's test run refuses a frame cut in its IP header).
+  std::vector<std::vector<uint8_t>> cut = {
+      {v4.begin(), v4.begin() + static_cast<std::ptrdiff_t>(tcp4 + 10)},
+      {v6.begin(), v6.begin() + static_cast<std::ptrdiff_t>(tcp6 + 12)},
+  };
+  for (size_t i = 0; i < cut.size(); ++i) {
+    auto r = egress(cut[i]);
+    EXPECT_EQ(r.verdict, TC_ACT_OK) << i;
+    EXPECT_EQ(ingress(cut[i]).verdict, TC_ACT_OK) << i;
+    EXPECT_EQ(moved(), (Counts{{"unparsed", 2}})) << i;
+  }
+}
+
 // The MSS option is found after the IPv6 extension headers the parser steps over: a SYN behind a
 // Hop-by-Hop header has its MSS raised and its checksum kept right, and the header is untouched.
 TEST_F(CaptureTest, MssIsRewrittenBehindIpv6ExtensionHeaders) {
