@@ -39,7 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import cluster as cb  # noqa: E402
-from benchlib import cpu_ticks, voluntary_switches  # noqa: E402
+from benchlib import BPF_STATS, BpfStatsOff, cpu_ticks, voluntary_switches  # noqa: E402
 
 MESH_PATHS = ("bypass", "nobypass")  # the node proxies' rows; the others are floor relays
 SYSCALLS = ["sendto", "recvfrom", "sendmsg", "recvmsg", "read", "write", "epoll_wait",
@@ -104,9 +104,6 @@ def sockets_midway(pods, work, after):
     return seen
 
 
-BPF_STATS = "/proc/sys/kernel/bpf_stats_enabled"
-
-
 def bpf_programs():
     """{program name: [runs, ns]} over the kernel's BPF programs (run time counted while
     kernel.bpf_stats_enabled is 1)."""
@@ -120,9 +117,8 @@ def bpf_programs():
 
 def bpf_time(work):
     """Runs work(); returns {program name: (runs, ns)} of the BPF programs that ran meanwhile
-    (the capture programs at tc, sockops, sk_msg), with the kernel's run-time statistics on."""
-    with open(BPF_STATS) as f:
-        was = f.read().strip()
+    (the capture programs at tc, sockops, sk_msg), with the kernel's run-time statistics on (off
+    for the rest of the profile: BpfStatsOff)."""
     with open(BPF_STATS, "w") as f:
         f.write("1")
     try:
@@ -131,7 +127,7 @@ def bpf_time(work):
         after = bpf_programs()
     finally:
         with open(BPF_STATS, "w") as f:
-            f.write(was)
+            f.write("0")
     return {name: (runs - before[name][0], ns - before[name][1])
             for name, (runs, ns) in after.items() if runs > before[name][0]}
 
@@ -242,42 +238,44 @@ def main(argv):
     rows = []
     socket_rows = []
     bpf_rows = []
-    try:
-        bench.setup()
-        for combo in bench.combos:
-            procs = sides(combo)  # [client side, server side]
-            stream = lambda: bench.throughput(combo, o.mib << 20, 1)  # noqa: E731
-            rtts = lambda: bench.pingpong(combo, o.rtts, 100)  # noqa: E731
-            stream_split = []
+    with BpfStatsOff() as stats:
+        try:
+            bench.setup()
+            for combo in bench.combos:
+                procs = sides(combo)  # [client side, server side]
+                stream = lambda: bench.throughput(combo, o.mib << 20, 1)  # noqa: E731
+                rtts = lambda: bench.pingpong(combo, o.rtts, 100)  # noqa: E731
+                stream_split = []
 
-            def measured_stream():
-                c0 = cb.cgroup_cpu_seconds(combo.cluster.cgroup)  # noqa: B023
-                t0 = [cpu_ticks([pid]) for pid in procs]  # noqa: B023
-                v0 = [voluntary_switches(int(pid)) for pid in procs]  # noqa: B023
-                user, system = cpu_split(procs, stream)  # noqa: B023
-                switches = [voluntary_switches(int(pid)) - v
-                            for pid, v in zip(procs, v0)]  # noqa: B023
-                whole = cb.cgroup_cpu_seconds(combo.cluster.cgroup) - c0  # noqa: B023
-                hz = os.sysconf("SC_CLK_TCK")
-                per_side = [tuple((b - a) / hz for a, b in zip(t, cpu_ticks([pid])))
-                            for t, pid in zip(t0, procs)]  # noqa: B023
-                stream_split.append((user, system, whole, per_side, switches))
+                def measured_stream():
+                    c0 = cb.cgroup_cpu_seconds(combo.cluster.cgroup)  # noqa: B023
+                    t0 = [cpu_ticks([pid]) for pid in procs]  # noqa: B023
+                    v0 = [voluntary_switches(int(pid)) for pid in procs]  # noqa: B023
+                    user, system = cpu_split(procs, stream)  # noqa: B023
+                    switches = [voluntary_switches(int(pid)) - v
+                                for pid, v in zip(procs, v0)]  # noqa: B023
+                    whole = cb.cgroup_cpu_seconds(combo.cluster.cgroup) - c0  # noqa: B023
+                    hz = os.sysconf("SC_CLK_TCK")
+                    per_side = [tuple((b - a) / hz for a, b in zip(t, cpu_ticks([pid])))
+                                for t, pid in zip(t0, procs)]  # noqa: B023
+                    stream_split.append((user, system, whole, per_side, switches))
 
-            s = perf_stat(procs, ["raw_syscalls:sys_enter", "task-clock"], measured_stream)
-            r = perf_stat(procs, ["syscalls:sys_enter_" + c for c in SYSCALLS], rtts)
-            c0 = cb.cgroup_cpu_seconds(combo.cluster.cgroup)
-            split = cpu_split(procs, rtts)
-            split = split + (cb.cgroup_cpu_seconds(combo.cluster.cgroup) - c0,)
-            programs = bpf_time(rtts)
-            # a round trip takes 100-200 µs here: look about a quarter of the way in
-            sockets = sockets_midway([combo.client, combo.server], rtts, o.rtts * 50e-6)
-            places = perf_places(procs, stream)
-            traced = perf_trace_times(procs, stream)
-            rows.append((combo.path, s, r, places, split, stream_split[0], traced))
-            bpf_rows.append((combo.path, programs))
-            socket_rows.append((combo.path, sockets))
-    finally:
-        bench.cleanup()
+                s = perf_stat(procs, ["raw_syscalls:sys_enter", "task-clock"], measured_stream)
+                r = perf_stat(procs, ["syscalls:sys_enter_" + c for c in SYSCALLS], rtts)
+                c0 = cb.cgroup_cpu_seconds(combo.cluster.cgroup)
+                split = cpu_split(procs, rtts)
+                split = split + (cb.cgroup_cpu_seconds(combo.cluster.cgroup) - c0,)
+                programs = bpf_time(rtts)
+                # a round trip takes 100-200 µs here: look about a quarter of the way in
+                sockets = sockets_midway([combo.client, combo.server], rtts, o.rtts * 50e-6)
+                places = perf_places(procs, stream)
+                traced = perf_trace_times(procs, stream)
+                rows.append((combo.path, s, r, places, split, stream_split[0], traced))
+                bpf_rows.append((combo.path, programs))
+                socket_rows.append((combo.path, sockets))
+        finally:
+            bench.cleanup()
+    sys.stdout.write(stats.note())
     names = {"bypass": "(2) sockmesh proxies", "nobypass": "(3) sockmesh proxies, no bypass",
              "tlsfloor": "(t) TLS floor relays",
              "h2floor": "(th) HTTP/2 floor relays"}
