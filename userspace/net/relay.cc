@@ -49,17 +49,7 @@ void TcpRelay::pump(Direction& d, bool a_to_b) {
     boost::system::error_code ec;
     size_t n = d.from->read_some(boost::asio::buffer(d.buffer), ec);
     if (ec == boost::asio::error::would_block) {
-      // Nothing to read: give the buffer back while waiting, so idle connections cost no buffers.
-      Bytes().swap(d.buffer);
-      d.from->async_wait(Tcp::socket::wait_read, [self = shared_from_this(), &d,
-                                                  a_to_b](const boost::system::error_code& e) {
-        if (self->finished_) return;
-        if (e) {
-          self->fail("wait: " + e.message());
-          return;
-        }
-        self->pump(d, a_to_b);
-      });
+      wait_readable(d, a_to_b);
       return;
     }
     if (ec == boost::asio::error::eof) {
@@ -86,6 +76,14 @@ void TcpRelay::pump(Direction& d, bool a_to_b) {
         d.read_paused();
         if (finished_) return;
       }
+      // A short read took what was queued: wait now rather than make a read that says EAGAIN
+      // (one system call per message less). The wait re-arms the socket in epoll, which reports
+      // it readable at once if bytes or a FIN came meanwhile, or are still queued (a socket in
+      // the sockmap bypass can answer short with more there), so nothing is left behind.
+      if (n < d.buffer.size()) {
+        wait_readable(d, a_to_b);
+        return;
+      }
       continue;
     }
     if (d.read_paused) d.read_paused();
@@ -105,6 +103,20 @@ void TcpRelay::pump(Direction& d, bool a_to_b) {
   boost::asio::post(d.from->get_executor(), [self = shared_from_this(), &d, a_to_b] {
     if (!self->finished_) self->pump(d, a_to_b);
   });
+}
+
+void TcpRelay::wait_readable(Direction& d, bool a_to_b) {
+  // Give the buffer back while waiting, so idle connections cost no buffers.
+  Bytes().swap(d.buffer);
+  d.from->async_wait(Tcp::socket::wait_read,
+                     [self = shared_from_this(), &d, a_to_b](const boost::system::error_code& e) {
+                       if (self->finished_) return;
+                       if (e) {
+                         self->fail("wait: " + e.message());
+                         return;
+                       }
+                       self->pump(d, a_to_b);
+                     });
 }
 
 bool TcpRelay::wrote(Direction& d, bool a_to_b, size_t n) {

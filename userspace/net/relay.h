@@ -51,6 +51,8 @@ class TcpRelay : public std::enable_shared_from_this<TcpRelay> {
     ReadPaused read_paused;  // `from` is no longer read
   };
   void pump(Direction& d, bool a_to_b);
+  // Waits until d.from is readable (or has a FIN or an error), holding no buffer meanwhile.
+  void wait_readable(Direction& d, bool a_to_b);
   // Counts `n` bytes written; false when the progress handler aborted the relay.
   bool wrote(Direction& d, bool a_to_b, size_t n);
   void finish_direction(Direction& d);
