@@ -88,9 +88,12 @@ void TcpRelay::pump(Direction& d, bool a_to_b) {
     }
     if (d.read_paused) d.read_paused();
     if (finished_) return;  // the handler may abort the relay
+    d.writing = true;
     boost::asio::async_write(
         *d.to, boost::asio::buffer(d.buffer.data() + written, n - written),
         [self = shared_from_this(), &d, a_to_b](const boost::system::error_code& wec, size_t rest) {
+          d.writing = false;
+          d.to_registration_stale = true;
           if (self->finished_) return;
           if (wec) {
             self->fail("write: " + wec.message());
@@ -108,6 +111,16 @@ void TcpRelay::pump(Direction& d, bool a_to_b) {
 void TcpRelay::wait_readable(Direction& d, bool a_to_b) {
   // Give the buffer back while waiting, so idle connections cost no buffers.
   Bytes().swap(d.buffer);
+  // The other direction writes to d.from: if one of its writes waited, register d.from afresh
+  // before waiting on it (no operation is pending on it now: this is its only reader).
+  Direction& other = &d == &ab_ ? ba_ : ab_;
+  if (other.to_registration_stale && !other.writing) {
+    other.to_registration_stale = false;
+    if (auto ec = register_for_reading(*d.from)) {
+      fail("registering the socket again: " + ec.message());
+      return;
+    }
+  }
   d.from->async_wait(Tcp::socket::wait_read,
                      [self = shared_from_this(), &d, a_to_b](const boost::system::error_code& e) {
                        if (self->finished_) return;

@@ -48,6 +48,11 @@ class TcpRelay : public std::enable_shared_from_this<TcpRelay> {
     Bytes buffer;  // allocated only while data moves
     uint64_t bytes = 0;
     bool done = false;
+    bool writing = false;  // an async_write to `to` is under way
+    // An async_write to `to` waited: its epoll registration may carry EPOLLOUT from now on, which
+    // the next wait for `to`'s readability would report at once. Registered afresh when that
+    // wait starts and no write is under way (net::register_for_reading).
+    bool to_registration_stale = false;
     ReadPaused read_paused;  // `from` is no longer read
   };
   void pump(Direction& d, bool a_to_b);

@@ -6,6 +6,7 @@
 #include <netinet/tcp.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -199,6 +200,24 @@ size_t unread_bytes(Tcp::socket& socket) {
 void set_nodelay(Tcp::socket& socket) {
   boost::system::error_code ec;
   socket.set_option(Tcp::no_delay(true), ec);
+}
+
+boost::system::error_code register_for_reading(Tcp::socket& socket) {
+  boost::system::error_code ec;
+  Tcp protocol = socket.local_endpoint(ec).protocol();
+  if (ec) return ec;
+  bool non_blocking = socket.non_blocking();
+  int fd = socket.release(ec);
+  if (ec) return ec;
+  socket.assign(protocol, fd, ec);
+  if (ec) {
+    ::close(fd);
+    return ec;
+  }
+  // asio keeps "the user asked for non-blocking" in the object, not in the descriptor: without
+  // it again, a read_some that finds nothing would block the thread in poll().
+  if (non_blocking) socket.non_blocking(true, ec);
+  return ec;
 }
 
 }  // namespace sockmesh::net

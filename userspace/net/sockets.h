@@ -67,6 +67,14 @@ inline constexpr size_t kMaxUnreadBeforePause = size_t{1} << 20;
 // from 8.5 to 10.5 Gbit/s across nodes (docs/ARCHITECTURE.md, #16).
 inline constexpr size_t kRelayBufferBytes = 256 * 1024;
 
+// Registers the socket with its io_context's epoll afresh (release + assign: epoll_ctl DEL, ADD),
+// keeping it open, connected and non-blocking as it was. For a socket with no asynchronous
+// operation pending. asio adds EPOLLOUT to a registration when it waits for writability (a
+// connect, a write that blocked) and never takes it off; every later wait for readability
+// re-arms the registration (epoll_ctl MOD), and a writable socket is then reported at once: an
+// epoll_wait that wakes for nothing, per message a relay waits for.
+boost::system::error_code register_for_reading(Tcp::socket& socket);
+
 // Caps both socket buffers of a socket the proxy relays (512 KiB each; the kernel doubles it).
 // Left to autotuning they grow to the kernel's maximum (tcp_rmem/tcp_wmem: 6 and 4 MiB here)
 // because the relay reads eagerly, and a stalled reader would then let its writer queue over

@@ -1,7 +1,5 @@
 #include "proxy/dial.h"
 
-#include <unistd.h>
-
 #include <boost/asio/steady_timer.hpp>
 #include <memory>
 
@@ -34,22 +32,10 @@ struct State {
   }
 };
 
-// asio waited for the connect by adding EPOLLOUT to the socket's epoll registration, and keeps it
-// there for the socket's life. Every later wait for readability re-arms that registration
-// (epoll_ctl MOD), and a writable socket is then reported at once: one wake-up for nothing per
-// message a relay waits for (bench/hbone_profile.py showed it on the server side of each tunnel,
-// as an epoll_wait that returned without a read). A fresh registration holds only what reads
-// need; the socket stays what it was (connected, non-blocking).
-boost::system::error_code register_for_reading(boost::asio::ip::tcp::socket& socket,
-                                               boost::asio::ip::tcp protocol) {
-  boost::system::error_code ec;
-  int fd = socket.release(ec);
-  if (ec) return ec;
-  socket.assign(protocol, fd, ec);
-  if (ec) ::close(fd);
-  return ec;
-}
-
+// asio waited for the connect by adding EPOLLOUT to the socket's registration: without a fresh
+// one, each wait of a relay for readability on this socket would be reported at once
+// (net::register_for_reading). bench/hbone_profile.py showed it on the server side of each
+// tunnel, as an epoll_wait that returned without a read.
 void connect(const std::shared_ptr<State>& s) {
   ++s->attempts;
   if (auto err = net::prepare_dial(s->socket, s->target, s->options, &s->result.source_kept)) {
@@ -75,7 +61,7 @@ void connect(const std::shared_ptr<State>& s) {
     s->timer.cancel();
     if (ec) {
       s->result.error = "connect " + s->target.to_string() + ": " + ec.message();
-    } else if (auto rec = register_for_reading(s->socket, net::to_asio(s->target).protocol())) {
+    } else if (auto rec = net::register_for_reading(s->socket)) {
       s->result.error = "connect " + s->target.to_string() +
                         ": registering the connected socket again: " + rec.message();
     } else {

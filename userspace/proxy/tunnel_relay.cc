@@ -94,6 +94,13 @@ void TunnelRelay::read_socket() {
     // more queued), so nothing is left behind.
     if (n < net::kRelayBufferBytes) break;
   }
+  if (registration_stale_ && !writing_) {
+    registration_stale_ = false;
+    if (auto ec = net::register_for_reading(socket_)) {
+      fail("registering the socket again: " + ec.message(), true);
+      return;
+    }
+  }
   reading_ = true;
   socket_.async_wait(Tcp::socket::wait_read,
                      [self = shared_from_this()](const boost::system::error_code& ec) {
@@ -159,6 +166,7 @@ void TunnelRelay::write_socket() {
       socket_.async_wait(Tcp::socket::wait_write,
                          [self = shared_from_this()](const boost::system::error_code& wait_ec) {
                            self->writing_ = false;
+                           self->registration_stale_ = true;
                            if (self->finished_) return;
                            if (wait_ec) {
                              self->fail("socket wait: " + wait_ec.message(), true);

@@ -81,6 +81,10 @@ class TunnelRelay : public std::enable_shared_from_this<TunnelRelay> {
   // stream -> socket
   ByteQueue pending_;
   bool writing_ = false;  // waiting for the socket to take more
+  // A wait for writability ran: the socket's epoll registration may carry EPOLLOUT from now on,
+  // which each later wait for readability would report at once. Registered afresh
+  // (net::register_for_reading) when the next read wait starts with no write wait pending.
+  bool registration_stale_ = false;
   bool stream_ended_ = false;
   bool socket_shut_ = false;
   bool stream_closed_ = false;
