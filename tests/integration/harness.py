@@ -248,6 +248,47 @@ def family_of(ip):
     return socket.AF_INET6 if ":" in ip else socket.AF_INET
 
 
+def socket_inodes(remote_ip, remote_port):
+    """The inodes of this host's IPv4 TCP sockets connected to remote_ip:remote_port
+    (/proc/net/tcp; the namespace of the calling process)."""
+    want = "%08X:%04X" % (socket.htonl(int.from_bytes(socket.inet_aton(remote_ip), "big")),
+                          remote_port)
+    inodes = set()
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            fields = line.split()
+            if fields[2] == want:
+                inodes.add(fields[9])
+    return inodes
+
+
+def epoll_events(pid, inodes):
+    """{fd: events} of process pid's epoll registrations whose descriptor is one of these
+    socket inodes (from /proc/<pid>/fd and the fdinfo of its eventpoll descriptors)."""
+    fds, epolls = {}, []
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        try:
+            target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        except OSError:
+            continue
+        if target == "anon_inode:[eventpoll]":
+            epolls.append(fd)
+        elif target.startswith("socket:[") and target[8:-1] in inodes:
+            fds[int(fd)] = target
+    found = {}
+    for ep in epolls:
+        try:
+            with open("/proc/%d/fdinfo/%s" % (pid, ep)) as f:
+                for line in f:
+                    words = line.split()
+                    if len(words) >= 4 and words[0] == "tfd:" and int(words[1]) in fds:
+                        found[int(words[1])] = int(words[3], 16)
+        except OSError:
+            continue
+    return found
+
+
 def socks_connect(source_ip, proxy, dst_ip, dst_port, timeout=10.0):
     """Returns (socket, reply code). The socket is closed when the reply is not 0. IPv4 or IPv6
     (SOCKS5 address type 1 or 4), by the addresses given."""

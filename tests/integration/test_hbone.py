@@ -1,9 +1,11 @@
 """Two sockmesh-proxy processes on loopback: client -> A (SOCKS5) -> HBONE -> B -> server."""
 import concurrent.futures
 import os
+import select
 import socket
 import ssl
 import sys
+import threading
 import time
 import unittest
 import urllib.error
@@ -105,6 +107,52 @@ class TunnelTest(MeshTest):
         s.shutdown(socket.SHUT_WR)  # FIN -> END_STREAM -> FIN at the server
         got = harness.recv_all(s)  # the server echoes, then closes its side
         self.assertEqual(got, b"last words")
+        s.close()
+
+    def test_after_backpressure_the_servers_socket_is_not_watched_for_writability(self):
+        # The server stalls, so node-b's writes to it wait (asio adds EPOLLOUT to the socket's
+        # epoll registration for that); once it reads again, node-b's next wait to read it must
+        # not ask for writability, or every later message would wake node-b for nothing.
+        go = threading.Event()
+
+        class Stalling(harness.TcpServer):
+            def _serve(self, c, addr, _record):
+                go.wait(30)
+                try:
+                    while True:
+                        d = c.recv(1 << 20)
+                        if not d:
+                            break
+                        c.sendall(d)
+                finally:
+                    c.close()
+        server = Stalling(self.mesh.server_ip, 8081)
+        self.addCleanup(server.close)
+        s, rep = self.mesh.connect(dst_port=8081)
+        self.assertEqual(rep, 0)
+        payload = os.urandom(16 << 20)
+        sender = threading.Thread(target=s.sendall, args=(payload,))
+        sender.start()
+        dialled = lambda: harness.epoll_events(  # noqa: E731
+            self.mesh.b.proc.pid, harness.socket_inodes(self.mesh.server_ip, 8081))
+        wait_until(lambda: any(e & select.EPOLLOUT for e in dialled().values()), 10,
+                   what="node-b waiting for the stalled server to take more")
+        go.set()
+        got = harness.recv_exact(s, len(payload))
+        sender.join(10)
+        self.assertEqual(got, payload)
+        for i in range(3):
+            s.sendall(b"ping %d" % i)
+            self.assertEqual(harness.recv_exact(s, 6), b"ping %d" % i)
+        seen = []
+
+        def without_epollout():
+            seen.append({fd: hex(e) for fd, e in dialled().items()})
+            return seen[-1] and not any(int(e, 16) & select.EPOLLOUT for e in seen[-1].values())
+        try:
+            wait_until(without_epollout, 5, what="no EPOLLOUT on the server's socket")
+        except AssertionError:
+            self.fail("node-b still watches the server's socket for writability: %s" % seen[-1])
         s.close()
 
     def test_unknown_source_is_refused(self):
