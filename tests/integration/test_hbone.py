@@ -115,17 +115,10 @@ class TunnelTest(MeshTest):
         # not ask for writability, or every later message would wake node-b for nothing.
         go = threading.Event()
 
-        class Stalling(harness.TcpServer):
-            def _serve(self, c, addr, _record):
-                go.wait(30)
-                try:
-                    while True:
-                        d = c.recv(1 << 20)
-                        if not d:
-                            break
-                        c.sendall(d)
-                finally:
-                    c.close()
+        class Stalling(EchoServer):
+            def _serve(self, c, addr, record):
+                go.wait(30)  # then echoes
+                super()._serve(c, addr, record)
         server = Stalling(self.mesh.server_ip, 8081)
         self.addCleanup(server.close)
         s, rep = self.mesh.connect(dst_port=8081)
@@ -144,15 +137,16 @@ class TunnelTest(MeshTest):
         for i in range(3):
             s.sendall(b"ping %d" % i)
             self.assertEqual(harness.recv_exact(s, 6), b"ping %d" % i)
-        seen = []
+        seen = [{}]
 
         def without_epollout():
-            seen.append({fd: hex(e) for fd, e in dialled().items()})
-            return seen[-1] and not any(int(e, 16) & select.EPOLLOUT for e in seen[-1].values())
+            seen[0] = dialled()
+            return seen[0] and not any(e & select.EPOLLOUT for e in seen[0].values())
         try:
             wait_until(without_epollout, 5, what="no EPOLLOUT on the server's socket")
         except AssertionError:
-            self.fail("node-b still watches the server's socket for writability: %s" % seen[-1])
+            self.fail("node-b still watches the server's socket for writability: %s" %
+                      {fd: hex(e) for fd, e in seen[0].items()})
         s.close()
 
     def test_unknown_source_is_refused(self):
