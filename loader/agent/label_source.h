@@ -25,11 +25,15 @@ struct PodMeta {
   bool host_network = false;
   std::vector<IpAddress> ips;  // status.podIPs (Kubernetes), workloadIps (local config)
   bool running = true;         // false once the pod has terminated (phase Succeeded/Failed)
+
+  bool operator==(const PodMeta&) const = default;
 };
 
 struct LabelView {
   std::map<std::string, Labels> namespaces;  // by name
   std::map<std::string, PodMeta> pods;       // by "namespace/name"
+
+  bool operator==(const LabelView&) const = default;
 
   static std::string key(const std::string& namespace_name, const std::string& name) {
     return namespace_name + "/" + name;

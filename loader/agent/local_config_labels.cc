@@ -44,22 +44,34 @@ maps::Status LocalConfigLabels::load() {
 }
 
 void LocalConfigLabels::start(Listener listener) {
+  LabelViewPtr first = view_of(*store_.get());
   {
     std::lock_guard lock(mu_);
     listener_ = std::move(listener);
+    published_ = first;
   }
   store_.subscribe([this](const state::SnapshotPtr&, const state::SnapshotPtr& current) {
+    if (!current) return;
+    LabelViewPtr view = view_of(*current);
     Listener l;
     {
       std::lock_guard lock(mu_);
+      if (!listener_) return;
+      // Most edits of the file touch what the proxy reads (policies, services, addresses) and
+      // leave the namespaces, pods and labels the agent decides on as they were: nothing to
+      // re-decide, nothing to report.
+      if (published_ && *published_ == *view) {
+        SM_DEBUG("agent") << (path_.empty() ? "<embedded>" : path_)
+                          << " changed; its namespaces, pods and labels did not";
+        return;
+      }
+      published_ = view;
       l = listener_;
     }
-    if (l && current) {
-      SM_INFO("agent") << "labels changed in " << (path_.empty() ? "<embedded>" : path_);
-      l(view_of(*current));
-    }
+    SM_INFO("agent") << "labels changed in " << (path_.empty() ? "<embedded>" : path_);
+    l(std::move(view));
   });
-  listener_(view_of(*store_.get()));
+  listener_(first);
   if (watcher_) watcher_->start();
 }
 

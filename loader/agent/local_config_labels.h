@@ -41,7 +41,8 @@ class LocalConfigLabels final : public LabelSource {
   state::StateStore store_;
   std::unique_ptr<config::ConfigWatcher> watcher_;
   Listener listener_;
-  std::mutex mu_;  // guards listener_ against the watcher's thread
+  LabelViewPtr published_;  // the view listener_ was given last
+  std::mutex mu_;           // guards listener_ and published_ against the watcher's thread
 };
 
 }  // namespace sockmesh::agent

@@ -638,6 +638,43 @@ TEST(LocalConfigLabels, APodMissingFromTheViewIsLookedUpInTheFileAsItIsNow) {
   std::filesystem::remove_all(dir);
 }
 
+// An edit that leaves the namespaces, pods and labels as they were (here: a policy) is not a new
+// view for the agent; one that changes a label is.
+TEST(LocalConfigLabels, AnEditThatLeavesTheLabelsAloneIsNotPublished) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("sockmesh-labels-edit-test-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  auto path = (dir / "mesh.yaml").string();
+  const std::string workloads =
+      "namespaces:\n- name: shop\n  labels: {istio.io/dataplane-mode: ambient}\n"
+      "workloads:\n- uid: u1\n  name: web\n  namespace: shop\n  workloadIps: [10.0.0.9]\n";
+  std::ofstream(path) << workloads;
+  LocalConfigLabels labels(path, std::chrono::hours(1));  // read only by fetch_pod below
+  ASSERT_TRUE(labels.load());
+  std::vector<LabelViewPtr> views;
+  labels.start([&](LabelViewPtr v) { views.push_back(std::move(v)); });
+  ASSERT_EQ(views.size(), 1u);
+
+  const std::string with_policy =
+      workloads +
+      "policies:\n- {name: deny-all, namespace: shop, scope: Namespace, action: Deny, "
+      "rules: []}\n";
+  auto parsed = config::parse_local_config(with_policy, path);
+  const auto* error = config::error_of(parsed);
+  ASSERT_EQ(error, nullptr) << error->to_string();  // a real edit, not one the watcher rejects
+  ASSERT_EQ(config::snapshot_of(parsed)->policies().size(), 1u);
+  std::ofstream(path) << with_policy;
+  ASSERT_TRUE(labels.fetch_pod("shop", "web"));  // reads the file again
+  EXPECT_EQ(views.size(), 1u) << "a policy edit was published as new labels";
+
+  std::ofstream(path) << workloads << "  labels: {app: web}\n";
+  ASSERT_TRUE(labels.fetch_pod("shop", "web"));
+  ASSERT_EQ(views.size(), 2u);
+  EXPECT_EQ(views[1]->pod("shop", "web")->labels.at("app"), "web");
+  labels.stop();
+  std::filesystem::remove_all(dir);
+}
+
 TEST(PodRecords, SurviveAFileRoundTrip) {
   std::string path = std::filesystem::temp_directory_path() /
                      ("sockmesh-pods-" + std::to_string(getpid()) + ".json");
