@@ -99,6 +99,7 @@ PATHS = [
     ("floor", "(f) floor: 2 minimal relays in the pods, no TLS"),
     ("tlsfloor", "(t) TLS floor: the relays with mTLS 1.3 between them"),
     ("h2floor", "(th) HTTP/2 floor: (t) with an HTTP/2 CONNECT stream inside the TLS"),
+    ("h2asio", "(ta) as (th), woken by asio's reactor instead of the relays' own epoll loop"),
     # --baseline-rev / --baseline-build: (2) and (3) again, on the binaries of another build, and
     # (5) and (5s) when they run.
     ("basebypass", "(2b) as (2), baseline build"),
@@ -111,8 +112,9 @@ BASELINE_PATHS = ("basebypass", "basenobypass", "basepassthrough", "baseptsplice
 BASELINE_PASSTHROUGH_OF = {"basepassthrough": "passthrough", "baseptsplice": "ptsplice"}
 # Reference rows, across nodes only: loadgen relays where the proxies sit on the mesh path (relay 1
 # in the client pod, relay 2 in the server pod on node-b), on the pods of (1).
-FLOOR_PATHS = ("floor", "tlsfloor", "h2floor")
-FLOOR_PORTS = {"floor": (17011, 17012), "tlsfloor": (17021, 17022), "h2floor": (17041, 17042)}
+FLOOR_PATHS = ("floor", "tlsfloor", "h2floor", "h2asio")
+FLOOR_PORTS = {"floor": (17011, 17012), "tlsfloor": (17021, 17022), "h2floor": (17041, 17042),
+               "h2asio": (17051, 17052)}
 # (p), both topologies, on the pods of (1): the one relay a passthrough has, in the client pod, to
 # the server app; one relay (and port) per server.
 PT_FLOOR_PORTS = {"cross": 17031, "same": 17032}
@@ -265,13 +267,14 @@ class ClusterBench:
                 15)
 
     def floor_relays(self, key, client, server):
-        """Starts (f), (t) or (th): relay 1 in the client pod (on its lo), relay 2 in the server
-        pod on node-b, relay 2 -> the server app on the pod's lo; for (t) mutual TLS 1.3 from
-        relay 1 to relay 2, for (th) an HTTP/2 CONNECT stream inside it. Returns relay 1's
-        address (the client's target) and the two relay processes."""
+        """Starts (f), (t), (th) or (ta): relay 1 in the client pod (on its lo), relay 2 in the
+        server pod on node-b, relay 2 -> the server app on the pod's lo; for (t) mutual TLS 1.3
+        from relay 1 to relay 2, for (th) an HTTP/2 CONNECT stream inside it, for (ta) (th) with
+        asio's reactor as the relays' event loop. Returns relay 1's address (the client's target)
+        and the two relay processes."""
         p1, p2 = FLOOR_PORTS[key]
         tls1, tls2 = [], []
-        if key in ("tlsfloor", "h2floor"):
+        if key in ("tlsfloor", "h2floor", "h2asio"):
             if self.pki is None:
                 d = os.path.join(server.cluster.work, "bench-pki")
                 os.makedirs(d, exist_ok=True)
@@ -279,9 +282,12 @@ class ClusterBench:
             k = self.pki
             tls1 = ["--tls-to", "%s,%s,%s" % (k["client_cert"], k["client_key"], k["ca"])]
             tls2 = ["--tls-listen", "%s,%s,%s" % (k["server_cert"], k["server_key"], k["ca"])]
-            if key == "h2floor":
+            if key in ("h2floor", "h2asio"):
                 tls1 += ["--h2", "yes"]
                 tls2 += ["--h2", "yes"]
+            if key == "h2asio":
+                tls1 += ["--loop", "asio"]
+                tls2 += ["--loop", "asio"]
         _, relay2 = self.start_relay(server, "%s-relay2" % key, "%s:%d" % (server.ip, p2),
                                      "127.0.0.1:%d" % SERVER_PORT, tls2)
         target, relay1 = self.start_relay(client, "%s-relay1" % key, "127.0.0.1:%d" % p1,
@@ -972,6 +978,21 @@ class ClusterBench:
                          h["p50"] - t["p50"], t["cpu_per_gb"], h["cpu_per_gb"],
                          100 * (h["cpu_per_gb"] / t["cpu_per_gb"] - 1), rep_ratios(h, t),
                          t["tp1"], h["tp1"]))
+        a = s.get("h2asio/cross")
+        if h is not None and a is not None:
+            L.append("- (th) → (ta), what an event loop like the proxy's (Boost.Asio's reactor, a "
+                     "wait per read) adds to the HTTP/2 floor: RTT p50 %+.1f µs (%s), the relays' "
+                     "CPU per round trip %s, CPU s/GB %.2f → %.2f (%s)." % (
+                         a["p50"] - h["p50"], rep_gaps(a, h)[0],
+                         "—" if a["relay_cpu_us_per_rt"] is None else "%.1f → %.1f µs (%s)" % (
+                             h["relay_cpu_us_per_rt"], a["relay_cpu_us_per_rt"],
+                             rep_relay_cpu(a, h)[0]),
+                         h["cpu_per_gb"], a["cpu_per_gb"], rep_ratios(a, h)))
+            if v is not None and t is not None:
+                L.append("- Sockmesh (2) against (ta), the floor with HTTP/2 and asio: RTT p50 "
+                         "%+.1f µs (%s); (ta) against (t): %+.1f µs (%s)." % (
+                             v["p50"] - a["p50"], rep_gaps(v, a)[0], a["p50"] - t["p50"],
+                             rep_gaps(a, t)[0]))
         if h is not None:
             for key, label in (("bypass", "(2)"), ("nosrcip", "(2n)"), ("appmtu", "(2m)")):
                 x = s.get(key + "/cross")
@@ -984,10 +1005,12 @@ class ClusterBench:
                              x["p50"] - h["p50"], x["tp1"], h["tp1"]))
         if L:
             L.append("")
-            L.append("(f), (t) and (th) are `sockmesh-loadgen relay` (one epoll thread; (t) with "
+            L.append("(f), (t), (th) and (ta) are `sockmesh-loadgen relay` (one thread; (t) with "
                      "`--tls-to`/`--tls-listen`, TLS 1.3 AES-128-GCM, mutual certificates, no "
                      "HTTP/2; (th) adds `--h2 yes`: one HTTP/2 CONNECT stream per connection "
-                     "inside that TLS, nghttp2, the proxy's windows and frame size) run in the "
+                     "inside that TLS, nghttp2, the proxy's windows and frame size; (ta) adds "
+                     "`--loop asio`: Boost.Asio's reactor wakes the relay, an `async_wait` per "
+                     "read, where the others have a level-triggered epoll loop of their own) run in the "
                      "pods of (1): relay 1 in the client pod on 127.0.0.1, "
                      "relay 2 in the server pod on node-b, which relays to the server app on its "
                      "lo, where the two proxies sit on the mesh path. Their CPU is in the same "
@@ -1013,7 +1036,7 @@ class ClusterBench:
         colours = {"nomesh": "#8c8c8c", "bypass": "#2ca02c", "nofast": "#ff7f0e", "nosrcip": "#bcbd22",
                    "appmtu": "#8c564b", "nobypass": "#1f77b4",
                    "iptables": "#d62728", "passthrough": "#9467bd", "ptsplice": "#c5b0d5", "ptfloor": "#e7e7e7", "floor": "#c7c7c7",
-                   "tlsfloor": "#17becf", "h2floor": "#9edae5", "basebypass": "#98df8a", "basenobypass": "#aec7e8",
+                   "tlsfloor": "#17becf", "h2floor": "#9edae5", "h2asio": "#c7c7c7", "basebypass": "#98df8a", "basenobypass": "#aec7e8",
                    "basepassthrough": "#dbdb8d", "baseptsplice": "#f7b6d2"}
         panels = [("tp1", "1 stream, Gbit/s (higher is better)"),
                   ("tp8", "%d streams, Gbit/s (higher is better)" % o.streams),
@@ -1114,11 +1137,11 @@ def parse_args(argv):
                          "repetitions (default 3)", "MiB for the 1-stream run (8 streams: twice)")
     ap.add_argument("--paths",
                     default="nomesh,bypass,nofast,nosrcip,appmtu,nobypass,iptables,passthrough,"
-                    "ptsplice,ptfloor,floor,tlsfloor,h2floor",
+                    "ptsplice,ptfloor,floor,tlsfloor,h2floor,h2asio",
                     help="comma list of: nomesh, bypass, nofast (same node only), nosrcip and "
                     "appmtu (across nodes only), nobypass, "
-                    "iptables, passthrough, ptsplice, ptfloor, floor, tlsfloor and h2floor (the "
-                    "last three across nodes only)")
+                    "iptables, passthrough, ptsplice, ptfloor, floor, tlsfloor, h2floor and h2asio "
+                    "(the last four across nodes only)")
     ap.add_argument("--topologies", default="cross,same", help="comma list of: cross, same")
     ap.add_argument("--first-byte-conns", type=int, help="new connections per first-byte sample "
                     "run (default 20 quick, 100 full; 0: no first-byte rows)")

@@ -228,7 +228,7 @@ def main(argv):
     ap.add_argument("--rtts", type=int, default=20000)
     ap.add_argument("--paths", default="bypass,tlsfloor,h2floor",
                     help="the rows to profile: bypass, nobypass (the proxies without the sockmap "
-                    "bypass), tlsfloor, h2floor")
+                    "bypass), tlsfloor, h2floor, h2asio ((th) on asio)")
     o = ap.parse_args(argv)
     # scripts/lib/cluster.py finds the binaries through this (not through ClusterBench's options).
     os.environ["SOCKMESH_BUILD_DIR"] = os.path.abspath(o.build_dir)
@@ -278,7 +278,8 @@ def main(argv):
     sys.stdout.write(stats.note())
     names = {"bypass": "(2) sockmesh proxies", "nobypass": "(3) sockmesh proxies, no bypass",
              "tlsfloor": "(t) TLS floor relays",
-             "h2floor": "(th) HTTP/2 floor relays"}
+             "h2floor": "(th) HTTP/2 floor relays",
+             "h2asio": "(ta) HTTP/2 floor relays on asio"}
     print("\n| | syscalls / MiB | task-clock ms / GiB | CPU ms / GiB: user | system | "
           "apps and the rest | syscalls / round trip | CPU µs / round trip: user | system | "
           "apps and the rest |")

@@ -5,6 +5,7 @@
 //                    (in the proxy's place: bench/capture.py --hop-only)
 //   sockmesh-loadgen relay --listen IP:PORT --to IP:PORT [--max-seconds S]
 //                    [--tls-listen CERT,KEY,CA | --tls-to CERT,KEY,CA [--h2 yes]]
+//                    [--loop epoll|asio]
 //                    (the benchmark's floor: the least a user-space relay hop can do, with or
 //                    without mTLS on one side, and HTTP/2 CONNECT inside it, see below)
 //   sockmesh-loadgen client --mode throughput|pingpong|hold|churn|connect --target IP:PORT
@@ -47,12 +48,13 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -61,6 +63,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
 
 #include "base/ip_address.h"
 #include "loader/maps/listener_map.h"
@@ -715,17 +720,126 @@ bool relay_readable(int fd, Hop& hop, Hop& to, uint8_t* buf, size_t cap, double 
   });
 }
 
-int run_relay(const Addr& listen_addr, const Addr& to, double max_seconds, double io_timeout,
-              const RelayTls& tls) {
-  SslCtx ctx(nullptr, &SSL_CTX_free);
-  if (tls.side != RelayTls::Side::kNone) ctx = relay_tls_context(tls);
-  Fd lfd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+// The relayed connections of one relay process, whichever loop reports their sockets readable.
+// The loop is told of each new pair (watch) and of each socket about to close (forget).
+class RelayTable {
+ public:
+  RelayTable(const Addr& to, double io_timeout, const RelayTls& tls)
+      : to_(to),
+        io_timeout_(io_timeout),
+        tls_(tls),
+        // Page-aligned: the kernel copies into a misaligned destination at about half the speed.
+        buf_(static_cast<uint8_t*>(std::aligned_alloc(4096, kChunk)), &std::free) {
+    if (!buf_) fail("aligned_alloc");
+    if (tls.side != RelayTls::Side::kNone) ctx_ = relay_tls_context(tls);
+  }
+
+  std::function<void(int fd, uint32_t generation)> watch;
+  std::function<void(int fd)> forget;
+
+  // Accepts one connection on lfd, dials the target and sets up both hops (TLS, HTTP/2); then
+  // relays what the handshake's read-ahead already took off a TLS socket, which no readiness
+  // would report.
+  void accept_one(int lfd) {
+    int c = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) return;
+    int u = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in ta = to_.sa();
+    if (u >= 0) set_timeouts(u, io_timeout_);
+    if (u < 0 || ::connect(u, reinterpret_cast<sockaddr*>(&ta), sizeof ta) != 0) {
+      ::close(c);
+      if (u >= 0) ::close(u);
+      return;
+    }
+    set_timeouts(c, io_timeout_);
+    set_nodelay(c);
+    set_nodelay(u);
+    auto hc = std::make_unique<Hop>();
+    auto hu = std::make_unique<Hop>();
+    hc->partner = u;
+    hu->partner = c;
+    hc->generation = hu->generation = ++generation_;
+    try {
+      if (tls_.side == RelayTls::Side::kListen) start_tls(ctx_.get(), c, *hc, true, io_timeout_);
+      if (tls_.side == RelayTls::Side::kTo) start_tls(ctx_.get(), u, *hu, false, io_timeout_);
+      if (tls_.h2 && tls_.side == RelayTls::Side::kListen) h2_start(*hc, c, true, "", io_timeout_);
+      if (tls_.h2 && tls_.side == RelayTls::Side::kTo) {
+        h2_start(*hu, u, false, to_.ip + ":" + std::to_string(to_.port), io_timeout_);
+      }
+    } catch (const Failure& e) {
+      std::fprintf(stderr, "sockmesh-loadgen relay: %s\n", e.what());
+      hc.reset();
+      hu.reset();
+      ::close(c);
+      ::close(u);
+      return;
+    }
+    hops_[c] = std::move(hc);
+    hops_[u] = std::move(hu);
+    for (int f : {c, u}) watch(f, generation_);
+    for (int f : {c, u}) {
+      Hop& hop = *hops_[f];
+      if (hop.ssl != nullptr && SSL_has_pending(hop.ssl) != 0) {
+        readable(f, generation_);
+        break;
+      }
+    }
+  }
+
+  // fd is readable: its bytes go on to its partner. A stale report (fd closed, or its number
+  // reused by a later connection) is ignored.
+  void readable(int fd, uint32_t generation) {
+    auto it = hops_.find(fd);
+    if (it == hops_.end() || it->second->generation != generation) return;
+    auto other = hops_.find(it->second->partner);
+    if (other == hops_.end()) return;
+    bool open = false;
+    try {
+      open = relay_readable(fd, *it->second, *other->second, buf_.get(), kChunk, io_timeout_);
+    } catch (const Failure& e) {
+      std::fprintf(stderr, "sockmesh-loadgen relay: %s\n", e.what());
+      open = false;
+    }
+    if (!open) drop(fd);
+  }
+
+ private:
+  void drop(int fd) {
+    auto it = hops_.find(fd);
+    if (it == hops_.end()) return;
+    int other = it->second->partner;
+    for (int f : {fd, other}) {
+      forget(f);
+      hops_.erase(f);  // frees the TLS state before the descriptor goes
+      ::close(f);
+    }
+  }
+
+  Addr to_;
+  double io_timeout_;
+  RelayTls tls_;
+  SslCtx ctx_{nullptr, &SSL_CTX_free};
+  std::map<int, std::unique_ptr<Hop>> hops_;
+  uint32_t generation_ = 0;
+  std::unique_ptr<uint8_t, decltype(&std::free)> buf_;
+};
+
+Fd relay_listener(const Addr& listen_addr) {
+  Fd lfd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (lfd.get() < 0) fail("socket");
   int one = 1;
   setsockopt(lfd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in la = listen_addr.sa();
   if (::bind(lfd.get(), reinterpret_cast<sockaddr*>(&la), sizeof la) != 0) fail("bind");
   if (::listen(lfd.get(), 4096) != 0) fail("listen");
+  std::printf("{\"listening\": \"%s:%u\"}\n", listen_addr.ip.c_str(), listen_addr.port);
+  std::fflush(stdout);
+  return lfd;
+}
+
+// The relay's own loop: one epoll set, level-triggered, each socket registered once.
+int run_relay_epoll(const Addr& listen_addr, double max_seconds, RelayTable& table) {
+  Fd lfd = relay_listener(listen_addr);
   Fd ep(::epoll_create1(EPOLL_CLOEXEC));
   if (ep.get() < 0) fail("epoll_create1");
   constexpr uint64_t kListener = ~0ull;
@@ -733,105 +847,81 @@ int run_relay(const Addr& listen_addr, const Addr& to, double max_seconds, doubl
   lev.events = EPOLLIN;
   lev.data.u64 = kListener;
   if (::epoll_ctl(ep.get(), EPOLL_CTL_ADD, lfd.get(), &lev) != 0) fail("epoll_ctl");
-  std::printf("{\"listening\": \"%s:%u\"}\n", listen_addr.ip.c_str(), listen_addr.port);
-  std::fflush(stdout);
-  std::map<int, std::unique_ptr<Hop>> hops;
-  uint32_t generation = 0;
-  auto drop = [&](int fd) {
-    auto it = hops.find(fd);
-    if (it == hops.end()) return;
-    int other = it->second->partner;
-    for (int f : {fd, other}) {
-      ::epoll_ctl(ep.get(), EPOLL_CTL_DEL, f, nullptr);
-      hops.erase(f);  // frees the TLS state before the descriptor goes
-      ::close(f);
-    }
+  table.watch = [&](int fd, uint32_t generation) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = (static_cast<uint64_t>(generation) << 32) | static_cast<uint32_t>(fd);
+    ::epoll_ctl(ep.get(), EPOLL_CTL_ADD, fd, &ev);
   };
-  // Page-aligned: the kernel copies into a misaligned destination at about half the speed.
-  constexpr size_t kBuf = kChunk;
-  std::unique_ptr<uint8_t, decltype(&std::free)> buf(
-      static_cast<uint8_t*>(std::aligned_alloc(4096, kBuf)), &std::free);
-  if (!buf) fail("aligned_alloc");
+  table.forget = [&](int fd) { ::epoll_ctl(ep.get(), EPOLL_CTL_DEL, fd, nullptr); };
   epoll_event events[64];
   auto deadline = Clock::now() + std::chrono::duration<double>(max_seconds);
   while (Clock::now() < deadline) {
     int n = ::epoll_wait(ep.get(), events, 64, 500);
     for (int i = 0; i < n; ++i) {
       if (events[i].data.u64 == kListener) {
-        int c = ::accept4(lfd.get(), nullptr, nullptr, SOCK_CLOEXEC);
-        if (c < 0) continue;
-        int u = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        sockaddr_in ta = to.sa();
-        if (u >= 0) set_timeouts(u, io_timeout);
-        if (u < 0 || ::connect(u, reinterpret_cast<sockaddr*>(&ta), sizeof ta) != 0) {
-          ::close(c);
-          if (u >= 0) ::close(u);
-          continue;
-        }
-        set_timeouts(c, io_timeout);
-        set_nodelay(c);
-        set_nodelay(u);
-        auto hc = std::make_unique<Hop>();
-        auto hu = std::make_unique<Hop>();
-        hc->partner = u;
-        hu->partner = c;
-        hc->generation = hu->generation = ++generation;
-        try {
-          if (tls.side == RelayTls::Side::kListen) start_tls(ctx.get(), c, *hc, true, io_timeout);
-          if (tls.side == RelayTls::Side::kTo) start_tls(ctx.get(), u, *hu, false, io_timeout);
-          if (tls.h2 && tls.side == RelayTls::Side::kListen) h2_start(*hc, c, true, "", io_timeout);
-          if (tls.h2 && tls.side == RelayTls::Side::kTo) {
-            h2_start(*hu, u, false, to.ip + ":" + std::to_string(to.port), io_timeout);
-          }
-        } catch (const Failure& e) {
-          std::fprintf(stderr, "sockmesh-loadgen relay: %s\n", e.what());
-          hc.reset();
-          hu.reset();
-          ::close(c);
-          ::close(u);
-          continue;
-        }
-        hops[c] = std::move(hc);
-        hops[u] = std::move(hu);
-        for (int f : {c, u}) {
-          epoll_event ev{};
-          ev.events = EPOLLIN;
-          ev.data.u64 = (static_cast<uint64_t>(generation) << 32) | static_cast<uint32_t>(f);
-          ::epoll_ctl(ep.get(), EPOLL_CTL_ADD, f, &ev);
-        }
-        // Read-ahead during the handshake may have taken the peer's first records off the
-        // socket already: epoll would not report them.
-        for (int f : {c, u}) {
-          Hop& hop = *hops[f];
-          if (hop.ssl == nullptr || SSL_has_pending(hop.ssl) == 0) continue;
-          bool open = false;
-          try {
-            open = relay_readable(f, hop, *hops[hop.partner], buf.get(), kBuf, io_timeout);
-          } catch (const Failure& e) {
-            std::fprintf(stderr, "sockmesh-loadgen relay: %s\n", e.what());
-            open = false;
-          }
-          if (!open) drop(f);
-          break;
-        }
-        continue;
+        table.accept_one(lfd.get());
+      } else {
+        table.readable(static_cast<int>(events[i].data.u64 & 0xffffffffu),
+                       static_cast<uint32_t>(events[i].data.u64 >> 32));
       }
-      int fd = static_cast<int>(events[i].data.u64 & 0xffffffffu);
-      auto it = hops.find(fd);
-      if (it == hops.end() || it->second->generation != (events[i].data.u64 >> 32)) continue;
-      auto other = hops.find(it->second->partner);
-      if (other == hops.end()) continue;
-      bool open = false;
-      try {
-        open = relay_readable(fd, *it->second, *other->second, buf.get(), kBuf, io_timeout);
-      } catch (const Failure& e) {
-        std::fprintf(stderr, "sockmesh-loadgen relay: %s\n", e.what());
-        open = false;
-      }
-      if (!open) drop(fd);
     }
   }
   return 0;
+}
+
+// --loop asio: the same relay woken by Boost.Asio's reactor on one thread, each wait for
+// readability an async_wait (as the proxy waits for an app's socket), so that a row of the
+// benchmark can show what the event framework costs a message. asio re-arms the socket in epoll
+// (epoll_ctl) for every such wait; the proxy reads its TLS socket through asio instead, which
+// does not, so on the TLS side this loop pays one epoll_ctl per message more than the proxy.
+int run_relay_asio(const Addr& listen_addr, double max_seconds, RelayTable& table) {
+  namespace asio = boost::asio;
+  asio::io_context io(1);
+  Fd lfd = relay_listener(listen_addr);
+  asio::posix::stream_descriptor listener(io, lfd.get());
+  std::map<int, std::unique_ptr<asio::posix::stream_descriptor>> watched;
+  std::function<void(int, uint32_t)> wait = [&](int fd, uint32_t generation) {
+    auto it = watched.find(fd);
+    if (it == watched.end()) return;
+    it->second->async_wait(asio::posix::descriptor_base::wait_read,
+                           [&, fd, generation](const boost::system::error_code& ec) {
+                             if (ec) return;  // forgotten: the fd may already be another's
+                             table.readable(fd, generation);
+                             wait(fd, generation);  // no-op once it was dropped
+                           });
+  };
+  table.watch = [&](int fd, uint32_t generation) {
+    watched[fd] = std::make_unique<asio::posix::stream_descriptor>(io, fd);
+    wait(fd, generation);
+  };
+  table.forget = [&](int fd) {
+    auto it = watched.find(fd);
+    if (it == watched.end()) return;
+    it->second->release();  // cancels its wait, deregisters; the table closes the fd
+    watched.erase(it);
+  };
+  std::function<void()> accept = [&] {
+    listener.async_wait(asio::posix::descriptor_base::wait_read,
+                        [&](const boost::system::error_code& ec) {
+                          if (ec) return;
+                          table.accept_one(lfd.get());
+                          accept();
+                        });
+  };
+  accept();
+  io.run_for(
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(max_seconds)));
+  for (auto& [fd, d] : watched) d->release();
+  listener.release();
+  return 0;
+}
+
+int run_relay(const Addr& listen_addr, const Addr& to, double max_seconds, double io_timeout,
+              const RelayTls& tls, const std::string& loop) {
+  RelayTable table(to, io_timeout, tls);
+  if (loop == "asio") return run_relay_asio(listen_addr, max_seconds, table);
+  return run_relay_epoll(listen_addr, max_seconds, table);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1468,13 +1558,16 @@ void usage() {
       "           [--transparent yes] [--mark N] [--register PIN_ROOT,POD_IP]\n"
       "       sockmesh-loadgen relay --listen IP:PORT --to IP:PORT [--max-seconds S]\n"
       "           [--tls-listen CERT,KEY,CA | --tls-to CERT,KEY,CA [--h2 yes]]\n"
-      "       sockmesh-loadgen client --mode throughput|pingpong|hold|churn|connect --target IP:PORT\n"
+      "           [--loop epoll|asio]\n"
+      "       sockmesh-loadgen client --mode throughput|pingpong|hold|churn|connect --target "
+      "IP:PORT\n"
       "           [--via tcp|socks5|http --proxy IP:PORT] [--bind IP] [--timeout S]\n"
       "           throughput: [--bytes N[K|M|G]] [--streams K]\n"
       "           pingpong:   [--size B] [--iters M] [--warmup W]\n"
       "           hold:       [--conns C] [--hold-seconds S]\n"
       "           churn:      [--conns C] [--streams K] [--size B] [--seconds S]\n"
-      "           connect:    [--conns C] [--size B] [--pause-ms P] (connect() -> first echoed byte)\n"
+      "           connect:    [--conns C] [--size B] [--pause-ms P] (connect() -> first echoed "
+      "byte)\n"
       "       sockmesh-loadgen client --mode h2frames --via h2 --proxy IP:PORT\n"
       "           --tls CERT,KEY,CA --target IP:PORT [--frames N] [--size B]\n"
       "       --netns-only yes: non-loopback addresses too, only outside the initial netns\n");
@@ -1559,9 +1652,11 @@ int main(int argc, char** argv) {
       if (tls.h2 && tls.side == RelayTls::Side::kNone) {
         throw Failure("relay: --h2 yes needs --tls-listen or --tls-to");
       }
+      std::string loop = get("loop", "epoll");
+      if (loop != "epoll" && loop != "asio") throw Failure("relay: --loop epoll or asio");
       return run_relay(parse_addr(flags["listen"]), parse_addr(flags["to"]),
-                       std::stod(get("max-seconds", "1800")), std::stod(get("timeout", "300")),
-                       tls);
+                       std::stod(get("max-seconds", "1800")), std::stod(get("timeout", "300")), tls,
+                       loop);
     }
     if (role != "client") {
       usage();

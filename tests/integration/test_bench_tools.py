@@ -64,17 +64,17 @@ class BenchTools(unittest.TestCase):
         lines = r.stdout.decode().strip().splitlines()
         return r.returncode, (json.loads(lines[-1]) if lines else None), r.stderr.decode()
 
-    def tls_relays(self, client_pki, server_pki, h2_listen=False, h2_to=False):
+    def tls_relays(self, client_pki, server_pki, h2_listen=False, h2_to=False, loop="epoll"):
         self.start("relay2", [LOADGEN, "relay", "--listen", "%s:17022" % self.ip(46),
                               "--to", self.server, "--max-seconds", "120", "--tls-listen",
                               "%s,%s,%s" % (server_pki["server_cert"], server_pki["server_key"],
-                                            server_pki["ca"])] +
+                                            server_pki["ca"]), "--loop", loop] +
                    (["--h2", "yes"] if h2_listen else []))
         self.start("relay1", [LOADGEN, "relay", "--listen", "%s:17021" % self.ip(45),
                               "--to", "%s:17022" % self.ip(46), "--max-seconds", "120",
                               "--tls-to", "%s,%s,%s" % (client_pki["client_cert"],
                                                         client_pki["client_key"],
-                                                        client_pki["ca"])] +
+                                                        client_pki["ca"]), "--loop", loop] +
                    (["--h2", "yes"] if h2_to else []))
         wait_until(lambda: port_open(self.ip(46), 17022), what="relay 2")
         wait_until(lambda: port_open(self.ip(45), 17021), what="relay 1")
@@ -100,9 +100,9 @@ class BenchTools(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertEqual((res["conns"], res["failures"]), (200, 0), res["first_error"])
 
-    def test_h2_floor_relays_carry_bytes_intact(self):
+    def test_h2_floor_relays_carry_bytes_intact(self, loop="epoll"):
         pki = self.pki("mesh")
-        self.tls_relays(pki, pki, h2_listen=True, h2_to=True)
+        self.tls_relays(pki, pki, h2_listen=True, h2_to=True, loop=loop)
         # 40 MiB in one stream: more than the 16 MiB connection window and the 4 MiB stream
         # window, so the sender waits for WINDOW_UPDATEs, and frames are up to 256 KiB.
         rc, res, err = self.client("--mode", "throughput", "--bytes", "40M", "--streams", "1")
@@ -118,6 +118,10 @@ class BenchTools(unittest.TestCase):
                                    "--seconds", "30")
         self.assertEqual(rc, 0, err)
         self.assertEqual((res["conns"], res["failures"]), (200, 0), res["first_error"])
+
+    def test_h2_floor_relays_on_asio_carry_bytes_intact(self):
+        # (ta) of the cluster bench: the same relays, woken by asio's reactor.
+        self.test_h2_floor_relays_carry_bytes_intact(loop="asio")
 
     def test_h2_floor_relay_speaks_http2_only_to_http2(self):
         # The HTTP/2 server relay gets TLS with no HTTP/2 preface inside: it must not relay it.
