@@ -314,7 +314,8 @@ int run_server(const Addr& listen_addr, double max_seconds, double io_timeout,
 // ---------------------------------------------------------------------------------------------
 // Relay: the floor of a user-space relay hop. One thread, one epoll set, level-triggered; each
 // readable socket gets one recv() of up to 256 KiB and the bytes go to its partner with send()
-// at once (blocking, under the socket timeouts). No TLS, no framing, no buffering, no accounting:
+// at once (blocking, under the socket timeouts; waiting with poll() for room on a socket that
+// --loop asio made non-blocking). No TLS, no framing, no buffering, no accounting:
 // only the system calls that any proxy between two TCP connections must make per message. The
 // benchmark runs two of them in place of nodes A and B, so that a target can be set against what
 // the machine allows before TLS and HTTP/2 cost anything.
@@ -516,7 +517,7 @@ int h2_on_data(nghttp2_session*, uint8_t, int32_t stream_id, const uint8_t* data
   auto* hop = static_cast<Hop*>(user);
   if (stream_id != hop->stream) return 0;  // not the relayed stream: dropped
   try {
-    write_all(hop->partner, data, len);
+    send_all_waiting(hop->partner, data, len, hop->timeout);
   } catch (const Failure& e) {
     hop->failure = e.what();
     return NGHTTP2_ERR_CALLBACK_FAILURE;
@@ -664,7 +665,7 @@ void relay_send(int fd, Hop& hop, const uint8_t* data, size_t len, double timeou
     return;
   }
   if (hop.ssl == nullptr) {
-    write_all(fd, data, len);
+    send_all_waiting(fd, data, len, timeout);
     return;
   }
   size_t written = 0;
@@ -709,6 +710,8 @@ bool h2_read_tls(Hop& hop, uint8_t* buf, size_t cap) {
 bool relay_readable(int fd, Hop& hop, Hop& to, uint8_t* buf, size_t cap, double timeout) {
   if (hop.ssl == nullptr) {
     ssize_t got = ::recv(fd, buf, cap, 0);
+    // Under --loop asio every socket is non-blocking (asio makes a descriptor so for its waits).
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
     if (got <= 0) return false;
     relay_send(hop.partner, to, buf, static_cast<size_t>(got), timeout);
     return true;

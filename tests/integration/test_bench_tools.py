@@ -9,6 +9,8 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -64,9 +66,10 @@ class BenchTools(unittest.TestCase):
         lines = r.stdout.decode().strip().splitlines()
         return r.returncode, (json.loads(lines[-1]) if lines else None), r.stderr.decode()
 
-    def tls_relays(self, client_pki, server_pki, h2_listen=False, h2_to=False, loop="epoll"):
+    def tls_relays(self, client_pki, server_pki, h2_listen=False, h2_to=False, loop="epoll",
+                   to=None):
         self.start("relay2", [LOADGEN, "relay", "--listen", "%s:17022" % self.ip(46),
-                              "--to", self.server, "--max-seconds", "120", "--tls-listen",
+                              "--to", to or self.server, "--max-seconds", "120", "--tls-listen",
                               "%s,%s,%s" % (server_pki["server_cert"], server_pki["server_key"],
                                             server_pki["ca"]), "--loop", loop] +
                    (["--h2", "yes"] if h2_listen else []))
@@ -122,6 +125,50 @@ class BenchTools(unittest.TestCase):
     def test_h2_floor_relays_on_asio_carry_bytes_intact(self):
         # (ta) of the cluster bench: the same relays, woken by asio's reactor.
         self.test_h2_floor_relays_carry_bytes_intact(loop="asio")
+
+    def test_h2_floor_relays_on_asio_wait_for_a_slow_reader(self):
+        # asio makes every socket it waits on non-blocking: a send that finds the server's socket
+        # full must wait for room, not end the connection.
+        size = 16 << 20
+        listener = socket.create_server((self.ip(21), 8081))
+        self.addCleanup(listener.close)
+        got = []
+
+        def read_slowly(conn):
+            with conn:
+                conn.settimeout(20)
+                time.sleep(1.0)  # the relay's sends meet a full socket meanwhile
+                n = 0
+                while n < size:
+                    chunk = conn.recv(1 << 20)
+                    if not chunk:
+                        break
+                    n += len(chunk)
+                got.append(n)
+                if n == size:
+                    conn.sendall(b"ok")
+
+        def slow_server():
+            # The relays' readiness probes (tls_relays) reach this server too, as connections
+            # that end at once: each connection is served on its own.
+            listener.settimeout(20)
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                threading.Thread(target=read_slowly, args=(conn,), daemon=True).start()
+
+        server = threading.Thread(target=slow_server, daemon=True)
+        server.start()
+        pki = self.pki("mesh")
+        self.tls_relays(pki, pki, h2_listen=True, h2_to=True, loop="asio",
+                        to="%s:8081" % self.ip(21))
+        with socket.create_connection((self.ip(45), 17021), timeout=20) as c:
+            c.sendall(b"x" * size)
+            reply = c.recv(2)
+        self.assertEqual(reply, b"ok", self.log_of("relay1") + self.log_of("relay2"))
+        self.assertIn(size, got)
 
     def test_h2_floor_relay_speaks_http2_only_to_http2(self):
         # The HTTP/2 server relay gets TLS with no HTTP/2 preface inside: it must not relay it.
