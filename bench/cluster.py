@@ -139,8 +139,10 @@ FIRST_BYTE_ROWS = [
 PROXY_FLAGS = {"nofast": ["--same-node-fast-path", "false"],
                "nosrcip": ["--preserve-source-ip", "false"]}
 AGENT_FLAGS = {"appmtu": ["--no-app-route"]}
-# The clusters the loader's tc programs serve: their counters and their proxies' RSS are reported.
-TC_CLUSTER_PATHS = ("bypass", "nofast", "nosrcip", "appmtu", "nobypass", "iptables")
+# The clusters the loader's tc programs serve: their counters and their proxies' RSS are reported,
+# the baseline build's too, so that an A/B run shows which way each build's packets went.
+TC_CLUSTER_PATHS = ("bypass", "nofast", "nosrcip", "appmtu", "nobypass", "iptables", "basebypass",
+                    "basenobypass")
 # The passthrough rows and the cluster each runs on: (5) with the sockmap bypass (the app's socket
 # is bypassed, so the proxy copies), (5s) without it (the proxy splices both ways), and their
 # baseline rows on the baseline's clusters.
