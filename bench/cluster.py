@@ -115,6 +115,9 @@ BASELINE_PASSTHROUGH_OF = {"basepassthrough": "passthrough", "baseptsplice": "pt
 FLOOR_PATHS = ("floor", "tlsfloor", "h2floor", "h2asio")
 FLOOR_PORTS = {"floor": (17011, 17012), "tlsfloor": (17021, 17022), "h2floor": (17041, 17042),
                "h2asio": (17051, 17052)}
+# The TLS floor rows and the relay flags each adds to mutual TLS.
+TLS_FLOOR_FLAGS = {"tlsfloor": [], "h2floor": ["--h2", "yes"],
+                   "h2asio": ["--h2", "yes", "--loop", "asio"]}
 # (p), both topologies, on the pods of (1): the one relay a passthrough has, in the client pod, to
 # the server app; one relay (and port) per server.
 PT_FLOOR_PORTS = {"cross": 17031, "same": 17032}
@@ -276,7 +279,7 @@ class ClusterBench:
         and the two relay processes."""
         p1, p2 = FLOOR_PORTS[key]
         tls1, tls2 = [], []
-        if key in ("tlsfloor", "h2floor", "h2asio"):
+        if key in TLS_FLOOR_FLAGS:
             if self.pki is None:
                 d = os.path.join(server.cluster.work, "bench-pki")
                 os.makedirs(d, exist_ok=True)
@@ -284,12 +287,8 @@ class ClusterBench:
             k = self.pki
             tls1 = ["--tls-to", "%s,%s,%s" % (k["client_cert"], k["client_key"], k["ca"])]
             tls2 = ["--tls-listen", "%s,%s,%s" % (k["server_cert"], k["server_key"], k["ca"])]
-            if key in ("h2floor", "h2asio"):
-                tls1 += ["--h2", "yes"]
-                tls2 += ["--h2", "yes"]
-            if key == "h2asio":
-                tls1 += ["--loop", "asio"]
-                tls2 += ["--loop", "asio"]
+            tls1 += TLS_FLOOR_FLAGS[key]
+            tls2 += TLS_FLOOR_FLAGS[key]
         _, relay2 = self.start_relay(server, "%s-relay2" % key, "%s:%d" % (server.ip, p2),
                                      "127.0.0.1:%d" % SERVER_PORT, tls2)
         target, relay1 = self.start_relay(client, "%s-relay1" % key, "127.0.0.1:%d" % p1,

@@ -9,13 +9,12 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
-from harness import BUILD_DIR, TempDir, address_block, wait_until  # noqa: E402
+from harness import BUILD_DIR, TcpServer, TempDir, address_block, wait_until  # noqa: E402
 from run import make_pki  # noqa: E402  (bench/run.py: a CA, a server and a client certificate)
 
 LOADGEN = os.path.join(BUILD_DIR, "bench", "sockmesh-loadgen")
@@ -103,7 +102,14 @@ class BenchTools(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertEqual((res["conns"], res["failures"]), (200, 0), res["first_error"])
 
-    def test_h2_floor_relays_carry_bytes_intact(self, loop="epoll"):
+    def test_h2_floor_relays_carry_bytes_intact(self):
+        self.h2_relays_carry_bytes_intact("epoll")
+
+    def test_h2_floor_relays_on_asio_carry_bytes_intact(self):
+        # (ta) of the cluster bench: the same relays, woken by asio's reactor.
+        self.h2_relays_carry_bytes_intact("asio")
+
+    def h2_relays_carry_bytes_intact(self, loop):
         pki = self.pki("mesh")
         self.tls_relays(pki, pki, h2_listen=True, h2_to=True, loop=loop)
         # 40 MiB in one stream: more than the 16 MiB connection window and the 4 MiB stream
@@ -122,45 +128,31 @@ class BenchTools(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertEqual((res["conns"], res["failures"]), (200, 0), res["first_error"])
 
-    def test_h2_floor_relays_on_asio_carry_bytes_intact(self):
-        # (ta) of the cluster bench: the same relays, woken by asio's reactor.
-        self.test_h2_floor_relays_carry_bytes_intact(loop="asio")
-
     def test_h2_floor_relays_on_asio_wait_for_a_slow_reader(self):
         # asio makes every socket it waits on non-blocking: a send that finds the server's socket
         # full must wait for room, not end the connection.
         size = 16 << 20
-        listener = socket.create_server((self.ip(21), 8081))
-        self.addCleanup(listener.close)
         got = []
 
-        def read_slowly(conn):
-            with conn:
-                conn.settimeout(20)
-                time.sleep(1.0)  # the relay's sends meet a full socket meanwhile
-                n = 0
-                while n < size:
-                    chunk = conn.recv(1 << 20)
-                    if not chunk:
-                        break
-                    n += len(chunk)
-                got.append(n)
-                if n == size:
-                    conn.sendall(b"ok")
+        # The relays' readiness probes (tls_relays) reach this server too, as connections that
+        # end at once: TcpServer serves each connection on its own.
+        class SlowReader(TcpServer):
+            def _serve(self, conn, _addr, _record):
+                with conn:
+                    conn.settimeout(20)
+                    time.sleep(1.0)  # the relay's sends meet a full socket meanwhile
+                    n = 0
+                    while n < size:
+                        chunk = conn.recv(1 << 20)
+                        if not chunk:
+                            break
+                        n += len(chunk)
+                    got.append(n)
+                    if n == size:
+                        conn.sendall(b"ok")
 
-        def slow_server():
-            # The relays' readiness probes (tls_relays) reach this server too, as connections
-            # that end at once: each connection is served on its own.
-            listener.settimeout(20)
-            while True:
-                try:
-                    conn, _ = listener.accept()
-                except OSError:
-                    return
-                threading.Thread(target=read_slowly, args=(conn,), daemon=True).start()
-
-        server = threading.Thread(target=slow_server, daemon=True)
-        server.start()
+        server = SlowReader(self.ip(21), 8081)
+        self.addCleanup(server.close)
         pki = self.pki("mesh")
         self.tls_relays(pki, pki, h2_listen=True, h2_to=True, loop="asio",
                         to="%s:8081" % self.ip(21))
