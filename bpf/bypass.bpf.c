@@ -30,7 +30,9 @@
  *
  * sockops also gives an enrolled app's sockets the pod's lo-sized route (SM_MARK_APP_ROUTE, see
  * sm_route_app_socket), so that what they send to the proxy through the stack goes in large
- * segments; that part runs with or without the bypass (cfg_app_route). */
+ * segments; that part runs with or without the bypass (cfg_app_route). Once established, such a
+ * socket whose peer is proven to be the proxy is routed over lo altogether (sm_route_to_proxy): its
+ * segments then skip tc and the bounce. */
 #include "lib/maps.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -188,6 +190,36 @@ static __always_inline void sm_route_app_socket(struct bpf_sock_ops* ops,
   }
 }
 
+/* Whether the socket's SYN went to the proxy in its pod: tc's note (SM_MAP_PROXY_SYNS) for this
+ * (netns, 4-tuple), consumed here whatever the answer, so that it cannot vouch for a later
+ * connection of the tuple. */
+static __always_inline bool sm_syn_went_to_proxy(const struct sm_flow_key* key) {
+  struct sm_peer_note* note = bpf_map_lookup_elem(&sm_proxy_syns, key);
+  if (!note) return false;
+  __u64 age = bpf_ktime_get_ns() - note->created_ns;
+  bpf_map_delete_elem(&sm_proxy_syns, key);
+  return age <= SM_NOTE_LIFETIME_NS;
+}
+
+/* An enrolled app's established socket whose peer is proven to be the proxy in its own netns
+ * gets the bounce mark: the pod's rule for it routes everything over lo (a local default route),
+ * so its segments reach the proxy's socket without eth0, tc and the bounce (tc would bounce every
+ * one of them to that very socket, the only one in this netns with the 4-tuple). The proof: tc's
+ * note of the app's SYN (active side), or the pairing note of its peer's dial (passive side, with
+ * the bypass). What went before (the SYN, or the SYN-ACK of an accepted socket) went through tc and
+ * has arrived: the socket's next segment answers it. An app's socket with a mark of its own keeps
+ * it and its routes (as for SM_MARK_APP_ROUTE). */
+static __always_inline void sm_route_to_proxy(struct bpf_sock_ops* ops) {
+  struct bpf_sock* sk = ops->sk;
+  if (!sk) return;
+  __u32 mark = sk->mark;
+  if (mark != 0 && mark != SM_MARK_APP_ROUTE) return;
+  int bounced = SM_MARK_BOUNCED;
+  if (bpf_setsockopt(ops, SM_SOL_SOCKET, SM_SO_MARK, &bounced, sizeof(bounced)) == 0) {
+    sm_count(SM_CNT_LOCAL_ROUTED);
+  }
+}
+
 SEC("sockops")
 int sm_sockops(struct bpf_sock_ops* ops) {
   __u32 op = ops->op;
@@ -199,17 +231,22 @@ int sm_sockops(struct bpf_sock_ops* ops) {
   if (op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB) {
     if (sm_flow_from_sockops(ops, &key) < 0) return 1;
     if (cfg_app_route) sm_route_app_socket(ops, &key);
-    if (cfg_bypass && sm_passive_has_local_peer(&key)) sm_insert(ops, &key);
+    if (cfg_bypass && sm_passive_has_local_peer(&key)) {
+      sm_insert(ops, &key);
+      /* An app's socket the proxy dialled (the proxy's own accepted sockets carry its mark). */
+      if (cfg_app_route) sm_route_to_proxy(ops);
+    }
     return 1;
   }
-  if (!cfg_bypass) return 1;
   if (op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB) {
-    if (sm_flow_from_sockops(ops, &key) < 0 || !sm_active_has_local_peer(ops, &key)) return 1;
+    if (sm_flow_from_sockops(ops, &key) < 0) return 1;
+    if (sm_syn_went_to_proxy(&key) && cfg_app_route) sm_route_to_proxy(ops);
+    if (!cfg_bypass || !sm_active_has_local_peer(ops, &key)) return 1;
     /* ACTIVE_ESTABLISHED runs before the handshake's last ACK leaves, so the note is there
      * before the passive side looks for it. */
     struct sm_peer_note note = {.created_ns = bpf_ktime_get_ns()};
     if (sm_insert(ops, &key)) bpf_map_update_elem(&sm_await_peer, &key, &note, BPF_ANY);
-  } else if (op == BPF_SOCK_OPS_STATE_CB) {
+  } else if (op == BPF_SOCK_OPS_STATE_CB && cfg_bypass) {
     if (ops->args[1] == BPF_TCP_CLOSE) sm_forget(ops);
   }
   return 1;

@@ -43,6 +43,12 @@
  * with an MTU of its own is copied as it is.)
  * Only the first option is looked at, where Linux and the other common stacks put MSS.
  *
+ * Local route: an outbound SYN assigned to the proxy's listener leaves a note in sm_proxy_syns
+ * under the app's (netns, 4-tuple), and sockops, as the app's socket is established, consumes it
+ * and routes the socket over lo (bypass.bpf.c, sm_route_to_proxy). The app's later segments then
+ * go straight to the proxy's socket: tc sees the SYN only. A SYN that goes to the wire under
+ * --fail-open removes the tuple's note, so that such a connection keeps eth0.
+ *
  * Counters: each program run counts exactly one decision (see enum sm_counter); tc_payload,
  * mss_raised and mss_clamped count what a bounce or a pass also did, and unknown_flow why a pass
  * happened (a later packet of an enrolled pod with no local socket, counted as passed too). */
@@ -93,9 +99,25 @@ static __always_inline int sm_no_listener(void) {
   return cfg_fail_open ? SM_TC_ACT_OK : SM_TC_ACT_SHOT;
 }
 
-/* Hands a new SYN to the proxy's listener of the given kind in the pod that owns `pod_ip`. */
+/* The app's side of a SYN the pod sends: its socket's (netns, 4-tuple), the key of
+ * sm_proxy_syns. tc runs in the pod's netns, whose cookie its record carries. */
+static __always_inline void sm_app_flow_of_syn(const struct sm_packet* pkt,
+                                               const struct sm_workload* pod,
+                                               struct sm_flow_key* flow) {
+  flow->netns = pod->netns_cookie;
+  flow->reserved = 0;
+  flow->local = pkt->src;
+  flow->remote = pkt->dst;
+  flow->local_port = pkt->sport;
+  flow->remote_port = pkt->dport;
+}
+
+/* Hands a new SYN to the proxy's listener of the given kind in the pod that owns `pod_ip`. A SYN
+ * the pod sent (`app_flow` set) is noted in sm_proxy_syns once assigned: the proof sockops needs
+ * to route the app's socket over lo when it is established (bypass.bpf.c, sm_route_to_proxy). */
 static __always_inline int sm_assign_to_listener(struct __sk_buff* skb, const struct sm_ip* pod_ip,
-                                                 __u32 kind, enum sm_counter captured) {
+                                                 __u32 kind, enum sm_counter captured,
+                                                 const struct sm_flow_key* app_flow) {
   struct sm_listener_key key = {.ip = *pod_ip, .kind = kind};
   struct bpf_sock* listener = bpf_map_lookup_elem(&sm_listeners, &key);
   if (!listener) return sm_no_listener();
@@ -105,6 +127,10 @@ static __always_inline int sm_assign_to_listener(struct __sk_buff* skb, const st
     sm_last_assign_error = err;
     sm_count(SM_CNT_ASSIGN_FAILED);
     return cfg_fail_open ? SM_TC_ACT_OK : SM_TC_ACT_SHOT;
+  }
+  if (app_flow) {
+    struct sm_peer_note note = {.created_ns = bpf_ktime_get_ns()};
+    bpf_map_update_elem(&sm_proxy_syns, app_flow, &note, BPF_ANY);
   }
   sm_count(captured);
   return SM_TC_ACT_OK;
@@ -266,7 +292,14 @@ int sm_tc_egress(struct __sk_buff* skb) {
     }
     if (!sm_has_listener(&pkt.src, SM_LISTENER_OUTBOUND)) {
       int verdict = sm_no_listener();
-      if (verdict == SM_TC_ACT_OK) sm_clamp_mss(skb, &pkt);
+      if (verdict == SM_TC_ACT_OK) {
+        /* To the wire: a note left by an earlier SYN of this tuple that the proxy took must not
+         * have sockops route this connection over lo. */
+        struct sm_flow_key app_flow;
+        sm_app_flow_of_syn(&pkt, wl, &app_flow);
+        bpf_map_delete_elem(&sm_proxy_syns, &app_flow);
+        sm_clamp_mss(skb, &pkt);
+      }
       return verdict;
     }
     return sm_bounce_to_ingress(skb, &pkt);
@@ -333,7 +366,9 @@ static __always_inline int sm_ingress_bounced(struct __sk_buff* skb, struct sm_p
     captured = SM_CNT_CAPTURED_DNS;
   }
   if (state == BPF_TCP_TIME_WAIT) return sm_pass_to_time_wait(pkt, wl, &pkt->src, kind);
-  return sm_assign_to_listener(skb, &pkt->src, kind, captured);
+  struct sm_flow_key app_flow;
+  sm_app_flow_of_syn(pkt, wl, &app_flow);
+  return sm_assign_to_listener(skb, &pkt->src, kind, captured, &app_flow);
 }
 
 static __always_inline int sm_ingress_from_wire(struct __sk_buff* skb, struct sm_packet* pkt) {
@@ -368,7 +403,8 @@ static __always_inline int sm_ingress_from_wire(struct __sk_buff* skb, struct sm
   if (state == BPF_TCP_TIME_WAIT) {
     return sm_pass_to_time_wait(pkt, wl, &pkt->dst, SM_LISTENER_INBOUND_PLAIN);
   }
-  return sm_assign_to_listener(skb, &pkt->dst, SM_LISTENER_INBOUND_PLAIN, SM_CNT_CAPTURED_INBOUND);
+  return sm_assign_to_listener(skb, &pkt->dst, SM_LISTENER_INBOUND_PLAIN, SM_CNT_CAPTURED_INBOUND,
+                               NULL);
 }
 
 SEC("tc")

@@ -104,6 +104,17 @@ struct {
   __uint(pinning, LIBBPF_PIN_BY_NAME);
 } sm_tw_syns SEC(".maps");
 
+/* Enrolled apps' SYNs given to the proxy's listener in their pod (include/sockmesh/maps.h,
+ * SM_MAP_PROXY_SYNS): tc and sm_sk_lookup write, sockops consumes. LRU: a note whose handshake
+ * never completed ages out. */
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, SM_MAX_PROXY_SYNS);
+  __type(key, struct sm_flow_key);
+  __type(value, struct sm_peer_note);
+  __uint(pinning, LIBBPF_PIN_BY_NAME);
+} sm_proxy_syns SEC(".maps");
+
 static __always_inline void sm_count(enum sm_counter counter) {
   __u32 key = counter;
   __u64* value = bpf_map_lookup_elem(&sm_counters, &key);

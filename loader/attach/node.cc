@@ -26,10 +26,10 @@ namespace {
 
 using maps::UniqueFd;
 
-constexpr const char* kMapNames[] = {
-    SM_MAP_WORKLOADS,   SM_MAP_LISTENERS,  SM_MAP_COUNTERS,  SM_MAP_BYPASS,
-    SM_MAP_BYPASS_PROXY, SM_MAP_STACK_FLOWS, SM_MAP_AWAIT_PEER, SM_MAP_NODE_ADDRS,
-    SM_MAP_TIME_WAIT_SYNS};
+constexpr const char* kMapNames[] = {SM_MAP_WORKLOADS,  SM_MAP_LISTENERS,    SM_MAP_COUNTERS,
+                                     SM_MAP_BYPASS,     SM_MAP_BYPASS_PROXY, SM_MAP_STACK_FLOWS,
+                                     SM_MAP_AWAIT_PEER, SM_MAP_NODE_ADDRS,   SM_MAP_TIME_WAIT_SYNS,
+                                     SM_MAP_PROXY_SYNS};
 constexpr const char* kProgramNames[] = {kProgTcEgress, kProgTcIngress, kProgSockops, kProgSkMsg};
 
 bool exists(const std::string& path) {

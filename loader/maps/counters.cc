@@ -23,17 +23,20 @@ constexpr CounterInfo kCounters[] = {
     {"proxy_skipped", "packets skipped by tc for carrying the proxy's mark"},
     {"no_listener", "SYNs to capture while the proxy's listener was missing"},
     {"assign_failed", "SYNs the kernel refused to assign to a listener"},
-    {"tc_payload", "TCP packets with payload bounced by tc (zero when the bypass works)"},
+    {"tc_payload",
+     "TCP packets with payload bounced by tc (zero when the local route or the bypass works)"},
     {"bypass_sends", "sends redirected to the local peer by sk_msg"},
     {"bypass_misses", "sends whose peer was not in the SOCKHASH (went via the stack)"},
     {"bypass_pinned", "sends kept on the stack path after an earlier miss"},
     {"sockops_inserted", "sockets added to a bypass SOCKHASH (sm_bypass, sm_bypass_proxy)"},
     {"sockops_insert_failed", "sockets the kernel refused to add to a bypass SOCKHASH"},
     {"node_exempt", "inbound SYNs from the node's own addresses (kubelet probes), not captured"},
-    {"bypass_refused", "sockets not paired for the bypass: their peer was not proven (stale note, "
-                       "other netns, or a local app's address without a note)"},
-    {"proxy_stack_sends", "the proxy's sends on a socket in sm_bypass (an older proxy's, or put "
-                          "there by an older sockops), kept on the stack"},
+    {"bypass_refused",
+     "sockets not paired for the bypass: their peer was not proven (stale note, "
+     "other netns, or a local app's address without a note)"},
+    {"proxy_stack_sends",
+     "the proxy's sends on a socket in sm_bypass (an older proxy's, or put "
+     "there by an older sockops), kept on the stack"},
     {"bypass_notes_expired", "pairing notes removed because their socket closed unpaired"},
     {"time_wait_syn", "SYNs to capture whose tuple a TIME_WAIT socket held (handed to it)"},
     {"time_wait_reused", "SYNs that reused a TIME_WAIT tuple, given to the proxy's listener"},
@@ -43,6 +46,7 @@ constexpr CounterInfo kCounters[] = {
     {"mss_clamped", "SYNs and SYN-ACKs to or from the wire whose MSS was lowered to eth0's MTU"},
     {"unparsed", "packets tc could not parse (not IP, or headers out of reach), let through"},
     {"unknown_flow", "later TCP packets of an enrolled pod with no local socket, to the wire"},
+    {"local_routed", "enrolled apps' sockets to the proxy in their pod routed over lo, past tc"},
 };
 static_assert(std::size(kCounters) == SM_CNT_COUNT, "name every enum sm_counter value");
 

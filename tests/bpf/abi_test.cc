@@ -31,9 +31,9 @@ TEST(Abi, CAndCppAgreeOnEveryLayout) {
 }
 
 TEST(Abi, MapNamesFitTheKernelLimit) {
-  for (const char* name :
-       {SM_MAP_WORKLOADS, SM_MAP_LISTENERS, SM_MAP_COUNTERS, SM_MAP_BYPASS, SM_MAP_BYPASS_PROXY, SM_MAP_STACK_FLOWS,
-        SM_MAP_AWAIT_PEER, SM_MAP_NODE_ADDRS, SM_MAP_TIME_WAIT_SYNS}) {
+  for (const char* name : {SM_MAP_WORKLOADS, SM_MAP_LISTENERS, SM_MAP_COUNTERS, SM_MAP_BYPASS,
+                           SM_MAP_BYPASS_PROXY, SM_MAP_STACK_FLOWS, SM_MAP_AWAIT_PEER,
+                           SM_MAP_NODE_ADDRS, SM_MAP_TIME_WAIT_SYNS, SM_MAP_PROXY_SYNS}) {
     EXPECT_LE(std::strlen(name), 15u) << name;
   }
 }

@@ -28,6 +28,7 @@
 #include "capture.skel.h"
 #include "loader/attach/bpffs.h"
 #include "loader/attach/skeleton.h"
+#include "loader/maps/bypass_flows.h"
 #include "loader/maps/counters.h"
 #include "loader/maps/listener_map.h"
 #include "loader/maps/node_addrs.h"
@@ -138,9 +139,9 @@ class CaptureTest : public ::testing::Test {
     workloads_.reset();
     listeners_.reset();
     counters_.reset();
-    for (const char* m :
-         {SM_MAP_WORKLOADS, SM_MAP_LISTENERS, SM_MAP_COUNTERS, SM_MAP_BYPASS, SM_MAP_BYPASS_PROXY, SM_MAP_STACK_FLOWS,
-          SM_MAP_AWAIT_PEER, SM_MAP_NODE_ADDRS, SM_MAP_TIME_WAIT_SYNS}) {
+    for (const char* m : {SM_MAP_WORKLOADS, SM_MAP_LISTENERS, SM_MAP_COUNTERS, SM_MAP_BYPASS,
+                          SM_MAP_BYPASS_PROXY, SM_MAP_STACK_FLOWS, SM_MAP_AWAIT_PEER,
+                          SM_MAP_NODE_ADDRS, SM_MAP_TIME_WAIT_SYNS, SM_MAP_PROXY_SYNS}) {
       unlink((root_ + "/" + m).c_str());
     }
     rmdir(root_.c_str());
@@ -415,6 +416,34 @@ TEST_F(CaptureTest, FailOpenPassesSynWhenTheProxyListenerIsMissing) {
   EXPECT_EQ(r.verdict, TC_ACT_OK);
   EXPECT_EQ(r.mark, 0u);
   EXPECT_EQ(moved(), (Counts{{"no_listener", 1}}));
+}
+
+// sm_proxy_syns vouches to sockops that an app socket's peer is the proxy in its pod (it then
+// routes the socket over lo). A note left by an earlier SYN of the tuple that the proxy took must
+// not outlive a SYN of that tuple that goes to the wire: egress removes it there, and only there.
+// (The note's writing is at ingress, after an assign test-run cannot do; tests/loader/capture_test
+// shows it with real traffic.)
+TEST_F(CaptureTest, AFailOpenSynToTheWireRemovesTheTuplesProxySynNote) {
+  load(/*fail_open=*/true);
+  enroll("10.0.0.2");  // its record's netns cookie is 0: the note's key carries the same
+  UniqueFd notes(bpf_obj_get((root_ + "/" + SM_MAP_PROXY_SYNS).c_str()));
+  ASSERT_TRUE(notes.valid()) << strerror(errno);
+  sm_flow_key key = maps::FlowKey{0, ep("10.0.0.2:40000"), ep("10.9.0.1:80")}.to_kernel();
+  sm_peer_note note{.created_ns = 1};
+  ASSERT_EQ(bpf_map_update_elem(notes.get(), &key, &note, BPF_ANY), 0) << strerror(errno);
+  auto syn = tcp_frame(ep("10.0.0.2:40000"), ep("10.9.0.1:80"), kSyn);
+  {
+    UniqueFd proxy = register_listener("10.0.0.2", ListenerKind::kOutbound);
+    EXPECT_EQ(egress(syn).mark, SM_MARK_BOUNCED);
+    EXPECT_EQ(moved(), (Counts{{"bounced", 1}}));
+    EXPECT_EQ(bpf_map_lookup_elem(notes.get(), &key, &note), 0) << "bounced: the note stays";
+  }  // the proxy's listener closes, and leaves the SOCKHASH
+  auto r = egress(syn);
+  EXPECT_EQ(r.verdict, TC_ACT_OK);
+  EXPECT_EQ(r.mark, 0u);
+  EXPECT_EQ(moved(), (Counts{{"no_listener", 1}}));
+  EXPECT_NE(bpf_map_lookup_elem(notes.get(), &key, &note), 0) << "to the wire: the note is gone";
+  EXPECT_EQ(errno, ENOENT);
 }
 
 TEST_F(CaptureTest, EgressBouncesPacketsOfAKnownFlowAndPassesOthers) {

@@ -228,7 +228,8 @@ class TcpSemantics(unittest.TestCase):
         churn_paths = MESH_PATHS
         per_path = -(-20000 // len(churn_paths))  # at least 20,000 in all
         counters0 = {n.name: (n.datapath_counter("time_wait_syn"),
-                              n.datapath_counter("time_wait_reused")) for n in self.cluster.nodes}
+                              n.datapath_counter("time_wait_reused"),
+                              n.datapath_counter("local_routed")) for n in self.cluster.nodes}
         for path, src, dst in [PATHS[-1]] + churn_paths:
             with self.subTest(path=path):
                 pod = self.pods[src]
@@ -244,11 +245,21 @@ class TcpSemantics(unittest.TestCase):
                 self.assertEqual(r.get("done"), per_path, "%s: %s" % (path, r))
                 self.assertEqual(r.get("slow"), 0, "%s: connects of 100 ms or more: %s" % (
                     path, r))
+        routed = 0
         for n in self.cluster.nodes:
             syn = n.datapath_counter("time_wait_syn") - counters0[n.name][0]
             reused = n.datapath_counter("time_wait_reused") - counters0[n.name][1]
+            routed += n.datapath_counter("local_routed") - counters0[n.name][2]
             print("  %s: %d SYNs met a TIME_WAIT socket of the proxy, %d given to its listener" % (
                 n.name, syn, reused))
+        # Every socket of an enrolled client (legacy-* are not enrolled) was routed over lo to its
+        # proxy once established, those whose SYN reused a TIME_WAIT tuple too (sk_lookup's note);
+        # with the bypass, so was every enrolled server's socket the proxy dialled.
+        clients = sum(1 for _, src, _ in churn_paths if not src.startswith("legacy"))
+        servers = sum(1 for _, _, dst in churn_paths if not dst.startswith("legacy"))
+        expected = per_path * (clients + (servers if self.bypass else 0))
+        print("  apps' sockets routed over lo to their proxy: %d (at least %d)" % (routed, expected))
+        self.assertGreaterEqual(routed, expected)
 
     # ---- 3. backpressure ----
 

@@ -2,7 +2,9 @@
 // of its own (sockops is attached there) before it creates any socket, then runs connections from
 // an app in an enrolled pod through a relay standing in for the proxy. With the bypass on, sends
 // are redirected socket to socket (bypass_sends rises) and tc sees no payload of the app; with it
-// off, the same traffic passes through the stack. Either way every byte arrives intact.
+// off, the same traffic passes through the stack: over lo when the app's socket was routed there
+// (local_routed), through eth0 and tc's bounce when the app route is off too. Either way every
+// byte arrives intact.
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -34,6 +36,7 @@ constexpr size_t kMiB = size_t{1024} * 1024;
 
 struct BypassParam {
   bool bypass;
+  bool app_route;  // off: the app's sockets keep the pod's routes, and tc sees their segments
   const char* name;
 };
 
@@ -42,6 +45,12 @@ class BypassTest : public ::testing::TestWithParam<BypassParam> {
   BypassTest() { cgroup_.enter(); }  // before any socket of the test exists
 
   void SetUp() override {
+    if (!GetParam().app_route) {
+      loader::InstallOptions options = install_.options();
+      options.app_route = false;
+      auto reinstalled = loader::install(options);
+      ASSERT_TRUE(reinstalled) << reinstalled.error().message;
+    }
     auto l = maps::ListenerMap::open(install_.root());
     ASSERT_TRUE(l) << l.error().message;
     listeners_.emplace(std::move(l).value());
@@ -90,8 +99,9 @@ class BypassTest : public ::testing::TestWithParam<BypassParam> {
 };
 
 INSTANTIATE_TEST_SUITE_P(Modes, BypassTest,
-                         ::testing::Values(BypassParam{true, "BypassOn"},
-                                           BypassParam{false, "BypassOff"}),
+                         ::testing::Values(BypassParam{true, true, "BypassOn"},
+                                           BypassParam{false, true, "BypassOff"},
+                                           BypassParam{false, false, "BypassAndAppRouteOff"}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // Sizes from 1 KiB to 16 MiB, both ends included.
@@ -123,16 +133,19 @@ TEST_P(BypassTest, HundredOutboundConnectionsOfUpTo16MiBArriveIntact) {
   if (GetParam().bypass) {
     EXPECT_EQ(delta(SM_CNT_SOCKOPS_INSERTED), 200u) << "app and proxy end of each" << report;
     EXPECT_GT(delta(SM_CNT_BYPASS_SENDS), 100u) << report;
-    // Payload reaches tc only from sockets that sent before their peer was in the map (pinned
-    // to the stack path, see bypass.bpf.c).
-    if (delta(SM_CNT_BYPASS_MISSES) == 0) {
-      EXPECT_EQ(delta(SM_CNT_TC_PAYLOAD), 0u)
-          << "the bypass must keep payload away from tc " << report;
-    }
   } else {
     EXPECT_EQ(delta(SM_CNT_BYPASS_SENDS), 0u) << report;
     EXPECT_EQ(delta(SM_CNT_SOCKOPS_INSERTED), 0u) << report;
-    EXPECT_GT(delta(SM_CNT_TC_PAYLOAD), 100u) << report;
+  }
+  if (GetParam().app_route) {
+    // Each app socket was routed over lo once established (tc's note of its SYN): tc bounced
+    // the SYNs and nothing else, bypass or not; what the bypass did not redirect took lo.
+    EXPECT_EQ(delta(SM_CNT_LOCAL_ROUTED), 100u) << report;
+    EXPECT_EQ(delta(SM_CNT_BOUNCED), 100u) << "the SYNs only " << report;
+    EXPECT_EQ(delta(SM_CNT_TC_PAYLOAD), 0u) << report;
+  } else {
+    EXPECT_EQ(delta(SM_CNT_LOCAL_ROUTED), 0u) << report;
+    EXPECT_GT(delta(SM_CNT_TC_PAYLOAD), 100u) << "the app's segments, bounced by tc " << report;
   }
 }
 
@@ -152,11 +165,15 @@ TEST_P(BypassTest, InboundHopFromProxyToAppIsBypassed) {
   uint64_t sends = after[SM_CNT_BYPASS_SENDS] - before[SM_CNT_BYPASS_SENDS];
   uint64_t inserted = after[SM_CNT_SOCKOPS_INSERTED] - before[SM_CNT_SOCKOPS_INSERTED];
   uint64_t payload = after[SM_CNT_TC_PAYLOAD] - before[SM_CNT_TC_PAYLOAD];
+  uint64_t routed = after[SM_CNT_LOCAL_ROUTED] - before[SM_CNT_LOCAL_ROUTED];
   if (GetParam().bypass) {
     EXPECT_EQ(inserted, 20u) << "the proxy's hop to the app and the app's accepted socket";
     EXPECT_GT(sends, 10u);
     EXPECT_EQ(payload, 0u) << "the app's replies skip tc";
+    // The pairing note proves the app's accepted socket's peer is the relay: routed over lo.
+    EXPECT_EQ(routed, GetParam().app_route ? 10u : 0u);
   } else {
+    EXPECT_EQ(routed, 0u) << "without the bypass's note nothing proves the peer local";
     EXPECT_GT(payload, 10u) << "the app's replies are bounced back to the proxy by tc";
     EXPECT_EQ(inserted, 0u);
     EXPECT_EQ(sends, 0u);

@@ -116,10 +116,50 @@ TEST_P(CaptureFlowTest, OutboundConnectionReachesTheProxyWithItsOriginalDestinat
   EXPECT_GT(mss[0].accepted, 16000) << "the relay's segments to the app";
   EXPECT_LE(mss[0].upstream, 1460) << "the relay's dial out of eth0";
   EXPECT_GT(testing::max_segment(app.get()), 16000) << "the app's own segments to the relay";
-  EXPECT_EQ(testing::socket_mark(app.get()), SM_MARK_APP_ROUTE);
   EXPECT_EQ(counter(SM_CNT_APP_ROUTED), 1u);
   EXPECT_EQ(counter(SM_CNT_MSS_RAISED), 1u);
   EXPECT_EQ(counter(SM_CNT_MSS_CLAMPED), 0u) << "nothing offered more than eth0 takes";
+  // Once established, the app's socket (whose SYN tc gave the relay) was routed over lo: tc
+  // bounced its SYN and nothing after it, not even the handshake's last ACK.
+  EXPECT_EQ(testing::socket_mark(app.get()), SM_MARK_BOUNCED);
+  EXPECT_EQ(counter(SM_CNT_LOCAL_ROUTED), 1u);
+  EXPECT_EQ(counter(SM_CNT_BOUNCED), 1u) << "the SYN only";
+}
+
+// The same without the bypass, so that the app's bytes take TCP: over lo, every byte intact, and
+// tc sees only the SYN. With --no-app-route the socket keeps the pod's routes: tc bounces its
+// segments, as before there was a local route.
+TEST_P(CaptureFlowTest, AppSocketToTheProxyTakesLoOnceEstablishedUnlessTheAppRouteIsOff) {
+  EchoServer server(topo_.peer.path(), Endpoint{peer_ip(), 8080});
+  Relay proxy(topo_.pod.path(), *listeners_, pod_ip(), ListenerKind::kOutbound,
+              SM_MARK_PROXY_UPSTREAM);
+  for (bool app_route : {true, false}) {
+    SCOPED_TRACE(app_route ? "app route" : "--no-app-route");
+    loader::InstallOptions options = install_.options();
+    options.bypass = false;
+    options.app_route = app_route;
+    auto reinstalled = loader::install(options);
+    ASSERT_TRUE(reinstalled) << reinstalled.error().message;
+    enroll();
+    uint64_t bounced = counter(SM_CNT_BOUNCED);
+    uint64_t payload = counter(SM_CNT_TC_PAYLOAD);
+    uint64_t routed = counter(SM_CNT_LOCAL_ROUTED);
+    auto app = testing::connect_in(topo_.pod.path(), Endpoint{peer_ip(), 8080});
+    ASSERT_TRUE(app.valid()) << strerror(errno);
+    EXPECT_TRUE(
+        testing::echo_round_trip(app.get(), testing::pattern(size_t{4} << 20, 9), kTimeoutMs));
+    if (app_route) {
+      EXPECT_EQ(testing::socket_mark(app.get()), SM_MARK_BOUNCED);
+      EXPECT_EQ(counter(SM_CNT_LOCAL_ROUTED) - routed, 1u);
+      EXPECT_EQ(counter(SM_CNT_BOUNCED) - bounced, 1u) << "the SYN only";
+      EXPECT_EQ(counter(SM_CNT_TC_PAYLOAD) - payload, 0u);
+    } else {
+      EXPECT_EQ(testing::socket_mark(app.get()), 0u);
+      EXPECT_EQ(counter(SM_CNT_LOCAL_ROUTED) - routed, 0u);
+      EXPECT_GT(counter(SM_CNT_TC_PAYLOAD) - payload, 10u) << "4 MiB in eth0-sized segments";
+    }
+  }
+  EXPECT_EQ(proxy.accepted(), 2);
 }
 
 // The apps' table: the pod's routes, the large MTU only on the unicast ones out of eth0 that have
@@ -235,7 +275,8 @@ TEST_P(CaptureFlowTest, AppSocketWhoseSynFailsOpenAgreesOnEth0SizedSegments) {
   ASSERT_TRUE(app.valid()) << strerror(errno);
   auto served = testing::accept_within(listener.get(), kTimeoutMs);
   ASSERT_TRUE(served.valid()) << "fail-open: the SYN goes to the peer";
-  EXPECT_EQ(testing::socket_mark(app.get()), SM_MARK_APP_ROUTE);
+  EXPECT_EQ(testing::socket_mark(app.get()), SM_MARK_APP_ROUTE) << "not routed over lo";
+  EXPECT_EQ(counter(SM_CNT_LOCAL_ROUTED), 0u) << "its peer is on the wire";
   EXPECT_EQ(counter(SM_CNT_NO_LISTENER), 1u);
   EXPECT_EQ(counter(SM_CNT_MSS_CLAMPED), 2u) << "the app's SYN out, the peer's SYN-ACK in";
   EXPECT_LE(testing::max_segment(app.get()), 1460) << "the app's segments to the wire";
@@ -294,6 +335,10 @@ TEST_P(CaptureFlowTest, InboundRelayMayKeepTheClientAddressTowardsTheApp) {
   ASSERT_EQ(mss.size(), 1u);
   EXPECT_GT(mss[0].upstream, 16000) << "the relay's segments to the app";
   EXPECT_EQ(counter(SM_CNT_MSS_RAISED), 1u);
+  // Once the relay's dial was established, the app's accepted socket (its peer proven by the
+  // bypass's pairing note) was routed over lo: tc bounced its SYN-ACK only.
+  EXPECT_EQ(counter(SM_CNT_LOCAL_ROUTED), 1u);
+  EXPECT_EQ(counter(SM_CNT_BOUNCED), 1u) << "the app's SYN-ACK only";
 }
 
 // The app's socket accepted from a relay that kept the client's address answers to a remote
@@ -320,7 +365,8 @@ TEST_P(CaptureFlowTest, AppsAcceptedSocketAnswersTheRelayInLoSizedSegments) {
   EXPECT_TRUE(testing::send_and_receive(app.get(), client.get(),
                                         testing::pattern(size_t{512} * 1024, 8), kTimeoutMs))
       << "the app's answer, through the relay, to the client";
-  EXPECT_EQ(testing::socket_mark(app.get()), SM_MARK_APP_ROUTE);
+  EXPECT_EQ(testing::socket_mark(app.get()), SM_MARK_APP_ROUTE)
+      << "without the bypass's pairing note, not routed over lo";
   EXPECT_GT(testing::max_segment(app.get()), 16000) << "the app's segments to the relay";
   EXPECT_EQ(counter(SM_CNT_APP_ROUTED), 1u) << "the app's accepted socket; not the relay's dial";
 }

@@ -15,6 +15,10 @@
  *
  * SM_MARK_BOUNCED   set by the tc egress program on packets it bounces into ingress; the pod's
  *                   policy routing (fwmark rule -> local table) delivers them to local sockets.
+ *                   sockops also sets it (SO_MARK) on an enrolled app's socket once established
+ *                   when its peer is proven to be the proxy in the pod (bypass.bpf.c,
+ *                   sm_route_to_proxy): that rule then sends all its segments over lo, where tc
+ *                   is not, straight to the proxy's socket.
  * SM_MARK_PROXY     every socket of the proxy in a pod's netns (listeners, upstream sockets):
  *                   tc never captures a packet that carries it.
  * SM_MARK_LOCAL_HOP the proxy's sockets whose peer is a local app (the inbound hop to the app):
@@ -79,11 +83,13 @@
 #define SM_MAX_STACK_FLOWS 16384
 #define SM_MAX_AWAIT_PEER 4096
 /* How long a note between two programs may wait for the event it announces: a pairing note in
- * sm_await_peer for its passive end, a TIME_WAIT note in sm_tw_syns for its listener lookup. Both
- * events follow within microseconds, so anything older belongs to another connection. */
+ * sm_await_peer for its passive end, a TIME_WAIT note in sm_tw_syns for its listener lookup, a
+ * captured SYN's note in sm_proxy_syns for its app socket's handshake. Each event follows within
+ * microseconds (a local handshake), so anything older belongs to another connection. */
 #define SM_NOTE_LIFETIME_NS 1000000000ull
 #define SM_MAX_NODE_ADDRS 256
 #define SM_MAX_TIME_WAIT_SYNS 4096
+#define SM_MAX_PROXY_SYNS 16384
 
 /* Map names: BPF object names (at most 15 characters) and the file names under the pin root. */
 #define SM_MAP_WORKLOADS "sm_workloads"
@@ -95,6 +101,7 @@
 #define SM_MAP_AWAIT_PEER "sm_await_peer"
 #define SM_MAP_NODE_ADDRS "sm_node_addrs"
 #define SM_MAP_TIME_WAIT_SYNS "sm_tw_syns"
+#define SM_MAP_PROXY_SYNS "sm_proxy_syns"
 
 /* Default pin root; programs and links are pinned in subdirectories of it. */
 #define SM_PIN_ROOT_DEFAULT "/sys/fs/bpf/sockmesh"

@@ -53,10 +53,10 @@ struct sm_listener_key {
   __u32 kind; /* enum sm_listener_kind */
 };
 
-/* Key of SM_MAP_BYPASS (a SOCKHASH of connected sockets), SM_MAP_STACK_FLOWS and
- * SM_MAP_AWAIT_PEER: one end of a TCP connection, from that socket's point of view, in its network
- * namespace (bpf_get_netns_cookie()). Two pods can hold connections with the same 4-tuple; the
- * namespace keeps their sockets apart. Ports in host order; `reserved` is always zero. */
+/* Key of SM_MAP_BYPASS (a SOCKHASH of connected sockets), SM_MAP_STACK_FLOWS, SM_MAP_AWAIT_PEER
+ * and SM_MAP_PROXY_SYNS: one end of a TCP connection, from that socket's point of view, in its
+ * network namespace (bpf_get_netns_cookie()). Two pods can hold connections with the same 4-tuple;
+ * the namespace keeps their sockets apart. Ports in host order; `reserved` is always zero. */
 struct sm_flow_key {
   __u64 netns;
   struct sm_ip local;
@@ -72,6 +72,13 @@ struct sm_flow_key {
 struct sm_peer_note {
   __u64 created_ns; /* bpf_ktime_get_ns() */
 };
+
+/* SM_MAP_PROXY_SYNS (LRU hash keyed by struct sm_flow_key, from the app's side: local = the
+ * app's own address): an enrolled app's SYN that tc (or sm_sk_lookup, for a SYN that reused a
+ * TIME_WAIT tuple) gave to the proxy's listener in the app's pod, and when (struct sm_peer_note).
+ * sockops consumes it as the app's socket is established: proof that the socket's peer is the
+ * proxy in its own netns. tc removes it when a later SYN of the tuple goes to the wire instead
+ * (--fail-open with no listener); an entry older than SM_NOTE_LIFETIME_NS is ignored. */
 
 /* Value of SM_MAP_TIME_WAIT_SYNS (LRU hash keyed by struct sm_flow_key, from the listener's side:
  * local = the SYN's destination): a SYN that tc handed to a TIME_WAIT socket of its tuple, and the
@@ -133,6 +140,9 @@ enum sm_counter {
   SM_CNT_UNKNOWN_FLOW,          /* later TCP packets of an enrolled pod at tc egress with no local
                                    socket for their tuple: to the wire (flows from before the
                                    enrollment) */
+  SM_CNT_LOCAL_ROUTED,          /* enrolled apps' established sockets whose peer was proven to be
+                                   the proxy in their pod, marked SM_MARK_BOUNCED by sockops: their
+                                   segments go over lo, not through eth0 and tc */
   SM_CNT_COUNT,
 };
 
