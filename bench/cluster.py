@@ -20,7 +20,8 @@ node-a ("same node"), for four paths, measured interleaved in one run:
   (2m) eth0 MTU       as (2), across nodes only, with the agents' --no-app-route: the apps'
                       sockets keep the pod's own routes, so the client app sends to its proxy in
                       eth0-sized segments (in (2) sockops marks them as they connect and the
-                      pod's rule for the mark gives them a lo-sized MTU): what that route buys
+                      pod's rule for the mark gives them a lo-sized MTU, then routes them over
+                      lo once established): what those routes buy
   (3) no bypass       the same, on a cluster installed without the bypass (Cluster(bypass=False))
   (4) iptables        the same proxy and ZDS hand-over, but the pods' tc capture is detached after
                       enrollment and the pod netns gets Istio's iptables rules instead: nat OUTPUT
@@ -90,7 +91,7 @@ PATHS = [
     ("bypass", "(2) sockmesh: tc + sockmap bypass"),
     ("nofast", "(2f) as (2), --same-node-fast-path false"),
     ("nosrcip", "(2n) as (2), --preserve-source-ip false"),
-    ("appmtu", "(2m) as (2), --no-app-route: the apps' sockets keep eth0's MTU"),
+    ("appmtu", "(2m) as (2), --no-app-route: the apps' sockets keep eth0's MTU and tc's bounce"),
     ("nobypass", "(3) sockmesh: tc, no bypass"),
     ("iptables", "(4) sockmesh fed by iptables REDIRECT"),
     ("passthrough", "(5) passthrough: mesh client pod → pod not in the mesh"),

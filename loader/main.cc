@@ -37,7 +37,8 @@ commands:
               /sys/fs/bpf/sockmesh; bpffs is mounted if needed), attach sockops to the cgroup v2
               DIR (default: the cgroup2 mount's root) and sk_msg to the bypass map. Idempotent.
               --no-app-route: enrolled apps' sockets keep the pod's routes, whose MTU (eth0's)
-              then caps the segments they send to the proxy.
+              then caps the segments they send to the proxy, and tc bounces each of them to it
+              (with the app route, an established socket to the proxy is routed over lo).
   uninstall   [--force]
               detach and unpin everything; refuses while pods are enrolled unless --force.
   status      what is loaded, attached and enrolled, and the counters.
