@@ -198,7 +198,7 @@ static __always_inline bool sm_syn_went_to_proxy(const struct sm_flow_key* key) 
   if (!note) return false;
   __u64 age = bpf_ktime_get_ns() - note->created_ns;
   bpf_map_delete_elem(&sm_proxy_syns, key);
-  return age <= SM_NOTE_LIFETIME_NS;
+  return age <= SM_PROXY_SYN_LIFETIME_NS;
 }
 
 /* An enrolled app's established socket whose peer is proven to be the proxy in its own netns
@@ -217,7 +217,23 @@ static __always_inline void sm_route_to_proxy(struct bpf_sock_ops* ops) {
   int bounced = SM_MARK_BOUNCED;
   if (bpf_setsockopt(ops, SM_SOL_SOCKET, SM_SO_MARK, &bounced, sizeof(bounced)) == 0) {
     sm_count(SM_CNT_LOCAL_ROUTED);
+    /* Told when it closes (sm_unroute). */
+    bpf_sock_ops_cb_flags_set(ops, ops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
   }
+}
+
+/* A socket routed over lo that closes loses the mark: TCP lets it connect again after
+ * connect(AF_UNSPEC), and that connect looks its route up before sockops runs (TCP_CONNECT_CB
+ * comes after), so with the bounce mark the new SYN would be routed into the pod past tc (IPv6:
+ * delivered to whatever listens there on the destination's port; IPv4: no route). With the
+ * mark gone it connects as a new socket does. A TIME_WAIT socket copied the mark already, so its
+ * answers still go over lo. An app's own mark of that value would be routed over lo by the
+ * pod's rule anyway. */
+static __always_inline void sm_unroute(struct bpf_sock_ops* ops) {
+  struct bpf_sock* sk = ops->sk;
+  if (!sk || sk->mark != SM_MARK_BOUNCED) return;
+  int none = 0;
+  bpf_setsockopt(ops, SM_SOL_SOCKET, SM_SO_MARK, &none, sizeof(none));
 }
 
 SEC("sockops")
@@ -246,8 +262,9 @@ int sm_sockops(struct bpf_sock_ops* ops) {
      * before the passive side looks for it. */
     struct sm_peer_note note = {.created_ns = bpf_ktime_get_ns()};
     if (sm_insert(ops, &key)) bpf_map_update_elem(&sm_await_peer, &key, &note, BPF_ANY);
-  } else if (op == BPF_SOCK_OPS_STATE_CB && cfg_bypass) {
-    if (ops->args[1] == BPF_TCP_CLOSE) sm_forget(ops);
+  } else if (op == BPF_SOCK_OPS_STATE_CB && ops->args[1] == BPF_TCP_CLOSE) {
+    sm_unroute(ops);
+    if (cfg_bypass) sm_forget(ops);
   }
   return 1;
 }

@@ -162,6 +162,34 @@ TEST_P(CaptureFlowTest, AppSocketToTheProxyTakesLoOnceEstablishedUnlessTheAppRou
   EXPECT_EQ(proxy.accepted(), 2);
 }
 
+// A socket routed over lo that disconnects (connect(AF_UNSPEC)) and connects again must be
+// captured again: with the bounce mark kept, its new SYN would be delivered in the pod past tc
+// (refused here, as nothing in the pod listens on the destination's port).
+TEST_P(CaptureFlowTest, ARoutedSocketThatConnectsAgainIsCapturedAgain) {
+  EchoServer server(topo_.peer.path(), Endpoint{peer_ip(), 8080});
+  Relay proxy(topo_.pod.path(), *listeners_, pod_ip(), ListenerKind::kOutbound,
+              SM_MARK_PROXY_UPSTREAM);
+  enroll();
+  auto app = testing::connect_in(topo_.pod.path(), Endpoint{peer_ip(), 8080});
+  ASSERT_TRUE(app.valid()) << strerror(errno);
+  EXPECT_TRUE(testing::echo_round_trip(app.get(), testing::pattern(65536, 10), kTimeoutMs));
+  ASSERT_EQ(testing::socket_mark(app.get()), SM_MARK_BOUNCED);
+
+  sockaddr_storage unspec{};
+  unspec.ss_family = AF_UNSPEC;
+  ASSERT_EQ(connect(app.get(), reinterpret_cast<sockaddr*>(&unspec), sizeof(sa_family_t)), 0)
+      << strerror(errno);
+  sockaddr_storage to{};
+  socklen_t len = Endpoint{peer_ip(), 8080}.to_sockaddr(&to);
+  ASSERT_EQ(connect(app.get(), reinterpret_cast<sockaddr*>(&to), len), 0)
+      << "the second connect: " << strerror(errno);
+  EXPECT_TRUE(testing::echo_round_trip(app.get(), testing::pattern(65536, 11), kTimeoutMs));
+  EXPECT_EQ(proxy.accepted(), 2) << "both connections captured";
+  EXPECT_EQ(testing::socket_mark(app.get()), SM_MARK_BOUNCED) << "and routed over lo again";
+  EXPECT_EQ(counter(SM_CNT_CAPTURED_OUTBOUND), 2u);
+  EXPECT_EQ(counter(SM_CNT_LOCAL_ROUTED), 2u);
+}
+
 // The apps' table: the pod's routes, the large MTU only on the unicast ones out of eth0 that have
 // no MTU of their own (tc clamps the wire's MSS to eth0's MTU, which is then their path's). A
 // route with its own MTU (as some CNIs set below the device's), a second network's routes and a

@@ -83,10 +83,14 @@
 #define SM_MAX_STACK_FLOWS 16384
 #define SM_MAX_AWAIT_PEER 4096
 /* How long a note between two programs may wait for the event it announces: a pairing note in
- * sm_await_peer for its passive end, a TIME_WAIT note in sm_tw_syns for its listener lookup, a
- * captured SYN's note in sm_proxy_syns for its app socket's handshake. Each event follows within
- * microseconds (a local handshake), so anything older belongs to another connection. */
+ * sm_await_peer for its passive end, a TIME_WAIT note in sm_tw_syns for its listener lookup. Both
+ * events follow within microseconds, so anything older belongs to another connection. */
 #define SM_NOTE_LIFETIME_NS 1000000000ull
+/* ... and a captured SYN's note in sm_proxy_syns for its app socket's handshake: well under the
+ * 1 s a SYN waits before it is sent again, so that a note cannot vouch for a retransmitted SYN
+ * that went to the wire by a path that did not remove it (the pod unenrolled meanwhile, say). The
+ * proxy's SYN-ACK comes over lo within microseconds; a later one only costs the local route. */
+#define SM_PROXY_SYN_LIFETIME_NS 250000000ull
 #define SM_MAX_NODE_ADDRS 256
 #define SM_MAX_TIME_WAIT_SYNS 4096
 #define SM_MAX_PROXY_SYNS 16384

@@ -78,7 +78,7 @@ struct sm_peer_note {
  * TIME_WAIT tuple) gave to the proxy's listener in the app's pod, and when (struct sm_peer_note).
  * sockops consumes it as the app's socket is established: proof that the socket's peer is the
  * proxy in its own netns. tc removes it when a later SYN of the tuple goes to the wire instead
- * (--fail-open with no listener); an entry older than SM_NOTE_LIFETIME_NS is ignored. */
+ * (--fail-open with no listener); an entry older than SM_PROXY_SYN_LIFETIME_NS is ignored. */
 
 /* Value of SM_MAP_TIME_WAIT_SYNS (LRU hash keyed by struct sm_flow_key, from the listener's side:
  * local = the SYN's destination): a SYN that tc handed to a TIME_WAIT socket of its tuple, and the
