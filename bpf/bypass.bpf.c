@@ -10,11 +10,13 @@
  * connection in one network namespace. The active end proves it by being established in the
  * cgroup (sockops ran for it) and by being a socket that talks to a local peer: the proxy's sockets
  * marked SM_MARK_LOCAL_HOP, or an app socket of an enrolled workload whose record names this very
- * netns. It leaves a note in sm_await_peer under its (netns, 4-tuple). The passive end joins only
- * if it finds a fresh note under the reversed tuple in its own netns. Anything else stays on the
- * stack (sockets whose peer is not local must stay out: in the SOCKHASH a blocking recv() can fail
- * with EAGAIN when the sockmap receive path wakes on unrelated events). Notes are removed when
- * consumed, when their socket closes, and are refused when older than SM_NOTE_LIFETIME_NS.
+ * netns and whose SYN tc gave to the proxy there (its note in sm_proxy_syns) or whose peer is its
+ * own pod's address. It leaves a note in sm_await_peer under its (netns, 4-tuple). The passive end
+ * joins only if it finds a fresh note under the reversed tuple in its own netns. Anything else
+ * stays on the stack (sockets whose peer is not local must stay out: in the SOCKHASH a blocking
+ * recv() can fail with EAGAIN when the sockmap receive path wakes on unrelated events). Notes are
+ * removed when consumed, when their socket closes, and are refused when older than
+ * SM_NOTE_LIFETIME_NS.
  *
  * Only the app's sends are redirected. The proxy's sends towards the app go through the stack, so
  * that the app's receive queue is TCP's: an app that closes with unread data sends RST as it would
@@ -98,22 +100,34 @@ static __always_inline int sm_flow_from_msg(struct sk_msg_md* msg, struct sm_flo
   return 0;
 }
 
-/* Whether an actively opened socket talks to a local peer. */
+/* Whether `ip` is an address of the pod whose netns the socket of `key` is in. */
+static __always_inline bool sm_is_own_pod_address(const struct sm_flow_key* key,
+                                                  const struct sm_ip* ip) {
+  struct sm_workload* wl = sm_workload_of(ip);
+  return wl && wl->netns_cookie == key->netns;
+}
+
+/* Whether an actively opened socket talks to a local peer. `to_proxy`: tc gave its SYN to the
+ * proxy in this netns (sm_syn_went_to_proxy). */
 static __always_inline bool sm_active_has_local_peer(struct bpf_sock_ops* ops,
-                                                     const struct sm_flow_key* key) {
+                                                     const struct sm_flow_key* key, bool to_proxy) {
   struct bpf_sock* sk = ops->sk;
   if (!sk) return false;
   __u32 mark = sk->mark;
   if (mark & SM_MARK_PROXY) return (mark & SM_MARK_LOCAL_HOP) != 0;
-  /* An app socket: if its workload is enrolled, tc gave its SYN to the proxy in the pod. A socket
-   * with the workload's address in another netns (a host process, another pod) is not that app. */
+  /* An app socket of an enrolled workload. A socket with the workload's address in another netns
+   * (a host process, another pod) is not that app. */
   struct sm_workload* wl = sm_workload_of(&key->local);
   if (!wl || !(wl->flags & SM_WL_ENROLLED)) return false;
   if (wl->netns_cookie != key->netns) {
     sm_count(SM_CNT_BYPASS_REFUSED);
     return false;
   }
-  return true;
+  if (to_proxy) return true;
+  /* Not captured: its peer is local only when it is the pod's own address (an app talking to
+   * itself, over lo). A SYN that failed open to the wire (--fail-open, no listener) has its peer
+   * out there: enrollment alone would put that socket into the SOCKHASH. */
+  return sm_is_own_pod_address(key, &key->remote);
 }
 
 /* Whether a passively opened socket's peer is local: its active end left a fresh note in this
@@ -249,15 +263,18 @@ int sm_sockops(struct bpf_sock_ops* ops) {
     if (cfg_app_route) sm_route_app_socket(ops, &key);
     if (cfg_bypass && sm_passive_has_local_peer(&key)) {
       sm_insert(ops, &key);
-      /* An app's socket the proxy dialled (the proxy's own accepted sockets carry its mark). */
-      if (cfg_app_route) sm_route_to_proxy(ops);
+      /* An app's socket the proxy dialled keeping the client's address (the proxy's own accepted
+       * sockets carry its mark; a peer at the pod's own address, an app or the proxy dialling
+       * from it, is reached over lo already). */
+      if (cfg_app_route && !sm_is_own_pod_address(&key, &key.remote)) sm_route_to_proxy(ops);
     }
     return 1;
   }
   if (op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB) {
     if (sm_flow_from_sockops(ops, &key) < 0) return 1;
-    if (sm_syn_went_to_proxy(&key) && cfg_app_route) sm_route_to_proxy(ops);
-    if (!cfg_bypass || !sm_active_has_local_peer(ops, &key)) return 1;
+    bool to_proxy = sm_syn_went_to_proxy(&key);
+    if (to_proxy && cfg_app_route) sm_route_to_proxy(ops);
+    if (!cfg_bypass || !sm_active_has_local_peer(ops, &key, to_proxy)) return 1;
     /* ACTIVE_ESTABLISHED runs before the handshake's last ACK leaves, so the note is there
      * before the passive side looks for it. */
     struct sm_peer_note note = {.created_ns = bpf_ktime_get_ns()};

@@ -180,6 +180,26 @@ TEST_P(BypassTest, InboundHopFromProxyToAppIsBypassed) {
   }
 }
 
+// An app talking to its own pod's address goes over lo, past tc (no proxy, no note of a captured
+// SYN): its two ends are paired all the same, since the peer's address is the pod's own.
+TEST_P(BypassTest, AnAppTalkingToItsOwnPodsAddressIsPaired) {
+  testing::EchoServer app(topo_.pod.path(), Endpoint{topo_.pod_v4, 9090});
+  auto before = counters();
+  EXPECT_EQ(run_connections(topo_.pod.path(), Endpoint{topo_.pod_v4, 9090}, 5, 1,
+                            [](int) { return size_t{256} * 1024; }),
+            5);
+  auto after = counters();
+  auto delta = [&](sm_counter c) { return after[c] - before[c]; };
+  EXPECT_EQ(delta(SM_CNT_CAPTURED_OUTBOUND), 0u) << "not captured";
+  EXPECT_EQ(delta(SM_CNT_LOCAL_ROUTED), 0u) << "no proxy to route to";
+  if (GetParam().bypass) {
+    EXPECT_EQ(delta(SM_CNT_SOCKOPS_INSERTED), 10u) << "both ends, 5 times";
+    EXPECT_GE(delta(SM_CNT_BYPASS_SENDS), 5u);
+  } else {
+    EXPECT_EQ(delta(SM_CNT_SOCKOPS_INSERTED), 0u);
+  }
+}
+
 // IPv6 on both hops: the app's connection to the proxy's outbound listener, and the proxy's
 // transparent dial to the app behind its inbound listener: each end is paired. (In the simulated
 // cluster the IPv6 passive ends once missed their notes, the reversed key's `reserved` being left

@@ -305,6 +305,7 @@ TEST_P(CaptureFlowTest, AppSocketWhoseSynFailsOpenAgreesOnEth0SizedSegments) {
   ASSERT_TRUE(served.valid()) << "fail-open: the SYN goes to the peer";
   EXPECT_EQ(testing::socket_mark(app.get()), SM_MARK_APP_ROUTE) << "not routed over lo";
   EXPECT_EQ(counter(SM_CNT_LOCAL_ROUTED), 0u) << "its peer is on the wire";
+  EXPECT_EQ(counter(SM_CNT_SOCKOPS_INSERTED), 0u) << "so it stays out of the bypass too";
   EXPECT_EQ(counter(SM_CNT_NO_LISTENER), 1u);
   EXPECT_EQ(counter(SM_CNT_MSS_CLAMPED), 2u) << "the app's SYN out, the peer's SYN-ACK in";
   EXPECT_LE(testing::max_segment(app.get()), 1460) << "the app's segments to the wire";
