@@ -131,9 +131,13 @@ class FastPath(SameNode):
         s2, rep = self.mesh.connect(self.local_ip, 8080)
         self.assertEqual(rep, 2, "SOCKS5 'not allowed by ruleset' for a policy denial")
         s2.close()
-        self.assertTrue(self.access_lines("path=same-node", "policy now denies"))
-        self.assertTrue(self.access_lines("path=same-node", "direction=outbound",
-                                          "not authorized"))
+        # The access-log lines are written as the proxy's records close, which may be a moment
+        # after the client saw its socket close (a CI run on 2026-12-05 checked too early).
+        wait_until(lambda: self.access_lines("path=same-node", "policy now denies"),
+                   what="the access-log line of the live connection's close")
+        wait_until(lambda: self.access_lines("path=same-node", "direction=outbound",
+                                             "not authorized"),
+                   what="the access-log line of the refused connection")
         wait_until(lambda: self.mesh.a.metric_sum(
             "istio_tcp_connections_closed_total", response_flags="DENY") >= 2,
             what="DENY counted by both reporters")
