@@ -44,19 +44,6 @@ const volatile bool cfg_bypass = true; /* false: sockops inserts nothing, sk_msg
 /* false: enrolled apps' sockets keep the pod's own routes (no SM_MARK_APP_ROUTE) */
 const volatile bool cfg_app_route = true;
 
-/* Every byte of `out` is written, `reserved` too: it is a map key, and the verifier accepted this
- * program with that field unwritten (stack bytes the program never wrote hold whatever the kernel
- * stack held). Left unwritten, the IPv6 passive ends missed their notes every time in the cluster;
- * IPv4 happened to find zeros there. */
-static __always_inline void sm_flow_reverse(const struct sm_flow_key* in, struct sm_flow_key* out) {
-  out->netns = in->netns;
-  out->reserved = 0;
-  out->local = in->remote;
-  out->remote = in->local;
-  out->local_port = in->remote_port;
-  out->remote_port = in->local_port;
-}
-
 /* Context fields are read with 4-byte loads: narrower loads of them can fail the verifier. The
  * remote port is the network-order port as the context rewrite loads it (upper half on x86),
  * which bpf_ntohl() turns into the host-order port; the local port is host order already. */
@@ -183,6 +170,11 @@ static __always_inline void sm_forget(struct bpf_sock_ops* ops) {
   bpf_map_delete_elem(&sm_stack_flows, &key);
 }
 
+/* Sets the socket's SO_MARK; a new value drops its cached route (sk_dst_reset). */
+static __always_inline bool sm_set_mark(struct bpf_sock_ops* ops, int mark) {
+  return bpf_setsockopt(ops, SM_SOL_SOCKET, SM_SO_MARK, &mark, sizeof(mark)) == 0;
+}
+
 /* An enrolled app's socket (see SM_MARK_APP_ROUTE), as it connects or once it was accepted.
  * TCP_CONNECT_CB runs at the start of tcp_connect(), before the socket's route is rebuilt and its
  * MSS derived from that route; a new mark drops the cached route (sk_dst_reset), so both follow
@@ -198,10 +190,7 @@ static __always_inline void sm_route_app_socket(struct bpf_sock_ops* ops,
   if (!sk || sk->mark != 0) return;
   struct sm_workload* wl = sm_workload_of(&key->local);
   if (!wl || !(wl->flags & SM_WL_ENROLLED) || wl->netns_cookie != key->netns) return;
-  int mark = SM_MARK_APP_ROUTE;
-  if (bpf_setsockopt(ops, SM_SOL_SOCKET, SM_SO_MARK, &mark, sizeof(mark)) == 0) {
-    sm_count(SM_CNT_APP_ROUTED);
-  }
+  if (sm_set_mark(ops, SM_MARK_APP_ROUTE)) sm_count(SM_CNT_APP_ROUTED);
 }
 
 /* Whether the socket's SYN went to the proxy in its pod: tc's note (SM_MAP_PROXY_SYNS) for this
@@ -228,8 +217,7 @@ static __always_inline void sm_route_to_proxy(struct bpf_sock_ops* ops) {
   if (!sk) return;
   __u32 mark = sk->mark;
   if (mark != 0 && mark != SM_MARK_APP_ROUTE) return;
-  int bounced = SM_MARK_BOUNCED;
-  if (bpf_setsockopt(ops, SM_SOL_SOCKET, SM_SO_MARK, &bounced, sizeof(bounced)) == 0) {
+  if (sm_set_mark(ops, SM_MARK_BOUNCED)) {
     sm_count(SM_CNT_LOCAL_ROUTED);
     /* Told when it closes (sm_unroute). */
     bpf_sock_ops_cb_flags_set(ops, ops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
@@ -245,9 +233,7 @@ static __always_inline void sm_route_to_proxy(struct bpf_sock_ops* ops) {
  * pod's rule anyway. */
 static __always_inline void sm_unroute(struct bpf_sock_ops* ops) {
   struct bpf_sock* sk = ops->sk;
-  if (!sk || sk->mark != SM_MARK_BOUNCED) return;
-  int none = 0;
-  bpf_setsockopt(ops, SM_SOL_SOCKET, SM_SO_MARK, &none, sizeof(none));
+  if (sk && sk->mark == SM_MARK_BOUNCED) sm_set_mark(ops, 0);
 }
 
 SEC("sockops")

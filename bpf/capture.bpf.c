@@ -99,11 +99,12 @@ static __always_inline int sm_no_listener(void) {
   return cfg_fail_open ? SM_TC_ACT_OK : SM_TC_ACT_SHOT;
 }
 
-/* The app's side of a SYN the pod sends: its socket's (netns, 4-tuple), the key of
- * sm_proxy_syns. tc runs in the pod's netns, whose cookie its record carries. */
-static __always_inline void sm_app_flow_of_syn(const struct sm_packet* pkt,
-                                               const struct sm_workload* pod,
-                                               struct sm_flow_key* flow) {
+/* A packet's flow key from its sender's side, in the pod's netns (tc runs there; the pod's
+ * record carries its cookie): for a SYN the pod sends, the app socket's key in sm_proxy_syns;
+ * reversed (sm_flow_reverse), the receiving listener's side, the key of sm_tw_syns. */
+static __always_inline void sm_sender_flow(const struct sm_packet* pkt,
+                                           const struct sm_workload* pod,
+                                           struct sm_flow_key* flow) {
   flow->netns = pod->netns_cookie;
   flow->reserved = 0;
   flow->local = pkt->src;
@@ -145,12 +146,10 @@ static __always_inline int sm_pass_to_time_wait(const struct sm_packet* pkt,
   struct bpf_sock* listener = bpf_map_lookup_elem(&sm_listeners, &key);
   if (!listener) return sm_no_listener();
   bpf_sk_release(listener);
-  /* tc runs in the pod's netns, whose cookie its record carries (sk_lookup is told its own). */
-  struct sm_flow_key flow = {.netns = pod->netns_cookie,
-                             .local = pkt->dst,
-                             .remote = pkt->src,
-                             .local_port = pkt->dport,
-                             .remote_port = pkt->sport};
+  /* Keyed from the listener's side (sk_lookup is told its own netns cookie). */
+  struct sm_flow_key sent, flow;
+  sm_sender_flow(pkt, pod, &sent);
+  sm_flow_reverse(&sent, &flow);
   struct sm_time_wait_syn note = {.kind = kind, .created_ns = bpf_ktime_get_ns()};
   bpf_map_update_elem(&sm_tw_syns, &flow, &note, BPF_ANY);
   sm_count(SM_CNT_TIME_WAIT_SYN);
@@ -296,7 +295,7 @@ int sm_tc_egress(struct __sk_buff* skb) {
         /* To the wire: a note left by an earlier SYN of this tuple that the proxy took must not
          * have sockops route this connection over lo. */
         struct sm_flow_key app_flow;
-        sm_app_flow_of_syn(&pkt, wl, &app_flow);
+        sm_sender_flow(&pkt, wl, &app_flow);
         bpf_map_delete_elem(&sm_proxy_syns, &app_flow);
         sm_clamp_mss(skb, &pkt);
       }
@@ -367,7 +366,7 @@ static __always_inline int sm_ingress_bounced(struct __sk_buff* skb, struct sm_p
   }
   if (state == BPF_TCP_TIME_WAIT) return sm_pass_to_time_wait(pkt, wl, &pkt->src, kind);
   struct sm_flow_key app_flow;
-  sm_app_flow_of_syn(pkt, wl, &app_flow);
+  sm_sender_flow(pkt, wl, &app_flow);
   return sm_assign_to_listener(skb, &pkt->src, kind, captured, &app_flow);
 }
 

@@ -57,11 +57,8 @@ int sm_sk_lookup(struct bpf_sk_lookup* ctx) {
   }
   if (from_pod) {
     /* As tc notes the SYNs it assigns (capture.bpf.c, "Local route"), from the app's side. */
-    struct sm_flow_key app_flow = {.netns = cfg_netns_cookie,
-                                   .local = flow.remote,
-                                   .remote = flow.local,
-                                   .local_port = flow.remote_port,
-                                   .remote_port = flow.local_port};
+    struct sm_flow_key app_flow;
+    sm_flow_reverse(&flow, &app_flow);
     struct sm_peer_note seen = {.created_ns = bpf_ktime_get_ns()};
     bpf_map_update_elem(&sm_proxy_syns, &app_flow, &seen, BPF_ANY);
   }

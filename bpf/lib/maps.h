@@ -121,6 +121,20 @@ static __always_inline void sm_count(enum sm_counter counter) {
   if (value) *value += 1; /* per-CPU slot: no atomic needed */
 }
 
+/* Every byte of `out` is written, `reserved` too: it is a map key, and the verifier accepted this
+ * program with that field unwritten (stack bytes the program never wrote hold whatever the kernel
+ * stack held). Left unwritten, the IPv6 passive ends missed their notes every time in the cluster;
+ * IPv4 happened to find zeros there. (Shared: bypass.bpf.c pairs by it, capture.bpf.c and
+ * lookup.bpf.c turn a SYN's key from one side to the other.) */
+static __always_inline void sm_flow_reverse(const struct sm_flow_key* in, struct sm_flow_key* out) {
+  out->netns = in->netns;
+  out->reserved = 0;
+  out->local = in->remote;
+  out->remote = in->local;
+  out->local_port = in->remote_port;
+  out->remote_port = in->local_port;
+}
+
 static __always_inline struct sm_workload* sm_workload_of(const struct sm_ip* ip) {
   return bpf_map_lookup_elem(&sm_workloads, ip);
 }
