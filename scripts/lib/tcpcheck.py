@@ -10,6 +10,8 @@ between pods outside the mesh, and compare. Standard library only; every wait is
       respond      send --bytes at once, then wait for the client: report whether it ended with
                    a reset or an EOF, and when ({"event": "peer-ended", "how", "at"})
       close-first  send 100 bytes and close at once (this side closes first)
+      shut-first   send --bytes (seed 4) and half-close at once, then read to EOF what the client
+                   still sends: {"event": "shut-first", "bytes", "sha256"} (or the error)
       sink         read nothing for --hold seconds, then read to EOF and answer
                    {"bytes", "sha256"} as one JSON line (push: the client is the writer)
       source       write for --hold seconds without a reader (non-blocking), then send a 40-byte
@@ -28,6 +30,9 @@ between pods outside the mesh, and compare. Standard library only; every wait is
                    the protocol: written bytes, and whether all arrived intact
       pull         read nothing for --hold seconds, then read to EOF and check the trailer
       echo         send --bytes (seeded by --seed), check the echo byte for byte
+      shut-first   read the server's bytes to its EOF (--server-bytes, seed 4: checked), then
+                   send --bytes (seeded by --seed) on the half that is still open, half-close,
+                   and wait for the server's close: what came, what went, how it ended
       rounds       against an echo server, --rounds messages of --bytes in lockstep on a
                    BLOCKING socket (as upload): send one, sleep in recv() until it is back, check
                    it; then half-close and read the server's EOF (a recv() that answers EAGAIN
@@ -152,6 +157,13 @@ def serve_one(args, c, peer):
         elif args.mode == "close-first":
             c.sendall(b"x" * 100)
             c.close()
+        elif args.mode == "shut-first":
+            c.sendall(data_of(4, args.bytes))
+            c.shutdown(socket.SHUT_WR)
+            total, h, _ = read_to_eof(c, args.timeout)
+            out(event="shut-first", peer=peer_text, bytes=total, sha256=h.hexdigest(),
+                at=time.time())
+            c.close()
         elif args.mode == "sink":
             time.sleep(args.hold)
             total, h, _ = read_to_eof(c, args.timeout)
@@ -253,6 +265,24 @@ def client(args):
             except OSError as e:
                 errors.append(describe(e))
         out(connect_ms=times, total_ms=totals, received=received, errors=errors)
+    elif args.mode == "shut-first":
+        s, _ = connect(args)
+        total, h, _ = read_to_eof(s, args.timeout)
+        first = {"received": total,
+                 "received_intact": h.hexdigest() == hashlib.sha256(
+                     data_of(4, args.server_bytes)).hexdigest()}
+        data = data_of(args.seed, args.bytes)
+        try:
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+            s.settimeout(args.timeout)
+            d = s.recv(CHUNK)  # after both FINs: EOF again, unless the server reset
+            end = "eof" if not d else "data"
+        except OSError as e:
+            end = describe(e)
+        out(sent=len(data), sent_sha256=hashlib.sha256(data).hexdigest(), end=end,
+            local=s.getsockname()[1], **first)
+        s.close()
     elif args.mode == "rounds":
         rounds(args)
     elif args.mode == "churn":
@@ -491,7 +521,8 @@ def main(argv):
     s.add_argument("--host", default="0.0.0.0")
     s.add_argument("--port", type=int, required=True)
     s.add_argument("--mode", required=True,
-                   choices=["abort", "respond", "close-first", "sink", "source", "echo", "ack"])
+                   choices=["abort", "respond", "close-first", "shut-first", "sink", "source",
+                            "echo", "ack"])
     s.add_argument("--hold", type=float, default=0.3)
     s.add_argument("--bytes", type=int, default=256 * 1024)
     s.add_argument("--seed", type=int, default=3)
@@ -502,8 +533,9 @@ def main(argv):
     c.add_argument("--target", required=True)
     c.add_argument("--mode", required=True,
                    choices=["abort", "respond", "reconnect", "churn", "push", "pull", "echo",
-                            "upload", "rounds"])
+                            "upload", "rounds", "shut-first"])
     c.add_argument("--bytes", type=int, default=64 * 1024)
+    c.add_argument("--server-bytes", type=int, default=256 * 1024)
     c.add_argument("--bind", default=None)
     c.add_argument("--transparent", action="store_true")
     c.add_argument("--rounds", type=int, default=3)

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """TCP's semantics through the mesh, on every path, against the same flow between two pods outside
-the mesh: an abort stays an abort (both sides), a reconnect from a just-used port connects at once
+the mesh: an abort stays an abort (both sides), a server that half-closes first still reads what
+the client sends after that FIN, a reconnect from a just-used port connects at once
 (and a churn through a narrow port range never hangs), a stalled reader stops its writer after a
 bounded amount, a blocking recv() waits while its send buffer drains (no EAGAIN), request and
 response in lockstep come back intact (and leave the bypass across nodes), and sockets of
@@ -31,7 +32,7 @@ from cluster_case import preflight, wait_until  # noqa: E402
 TCPCHECK = os.path.join(os.path.dirname(cluster.PODAPP), "tcpcheck.py")
 MiB = 1 << 20
 PORTS = {"abort": 9101, "respond": 9102, "close-first": 9103, "sink": 9104, "source": 9105,
-         "echo": 9106, "ack": 9107}
+         "echo": 9106, "ack": 9107, "shut-first": 9108}
 PATHS = [("same-node", "client", "echo-a"), ("cross-node", "client", "echo-b"),
          ("passthrough", "client", "legacy-b"), ("inbound-plaintext", "legacy-b", "echo-a"),
          ("no-mesh", "legacy-a", "legacy-b")]
@@ -173,6 +174,38 @@ class TcpSemantics(unittest.TestCase):
                 self.assertTrue(line, "%s: no access-log line for the connection" % path)
                 self.assertIn("error=", line[-1], "%s: logged as a clean close: %s" % (
                     path, line[-1]))
+
+    def test_a_server_that_half_closes_first_still_reads_what_the_client_sends(self):
+        """The server sends 256 KiB and half-closes at once; only after that EOF does the client
+        send 1 MiB and half-close. The client's half outlives the server's FIN on every path: the
+        bytes arrive intact both ways, both ends see a clean close, and the proxy logs the
+        connection as complete with the apps' byte counts."""
+        server_bytes, client_bytes = 256 * 1024, MiB
+        for path, src, dst in PATHS:
+            with self.subTest(path=path):
+                before = len(self.server_events(dst, "shut-first"))
+                r = self.run_in(self.pods[src], "--target", self.target(dst, "shut-first"),
+                                "--mode", "shut-first", "--bytes", client_bytes,
+                                "--server-bytes", server_bytes)
+                self.assertEqual((r.get("received"), r.get("received_intact")),
+                                 (server_bytes, True), "%s: the server's bytes: %s" % (path, r))
+                self.assertEqual(r.get("end"), "eof", "%s: the client's end: %s" % (path, r))
+                events = wait_until("the server's report", lambda: self.server_events(
+                    dst, "shut-first")[before:], 10)
+                got = events[-1]
+                print("  %-18s the server read %s bytes after its FIN" % (path, got.get("bytes")))
+                self.assertEqual((got.get("bytes"), got.get("sha256")),
+                                 (client_bytes, r.get("sent_sha256")),
+                                 "%s: what the server read after its FIN: %s" % (path, got))
+                if path == "no-mesh":
+                    continue
+                node = self.pods[src].node if src == "client" else self.pods[dst].node
+                line = self.access_lines_with(node, "src.addr=%s:%d" % (
+                    self.pods[src].ip, r["local"]))
+                self.assertTrue(line, "%s: no access-log line for the connection" % path)
+                self.assertIn("connection complete", line[-1], path)
+                self.assertIn(" bytes_sent=%d bytes_recv=%d " % (client_bytes, server_bytes),
+                              line[-1], path)
 
     # ---- 2. a reconnect from a recently used port ----
 
