@@ -661,6 +661,9 @@ class ClusterBench:
                 "p99": med(p["p99_us"] for p in r["pp"]),
                 "cpu_us_per_rt": med(p["cpu_us_per_rt"] for p in r["pp"]),
                 "cpu_per_gb": sum(t["cgroup_cpu_s"] for t in tp) / (moved / GB),
+                # the same by kind of throughput run: medians of each run's own CPU over bytes
+                "cpu_per_gb_1": med(t["cgroup_cpu_s"] / (t["bytes"] / GB) for t in r["tp1"]),
+                "cpu_per_gb_n": med(t["cgroup_cpu_s"] / (t["bytes"] / GB) for t in r["tp8"]),
                 "sys_cpu_per_gb": sum(t["system_cpu_s"] for t in tp) / (moved / GB),
                 "tp1_all": [t["gbps"] for t in r["tp1"]],
                 "tp8_all": [t["gbps"] for t in r["tp8"]],
@@ -893,7 +896,9 @@ class ClusterBench:
                      "against %.1f µs, %+.1f µs between the medians (%s; target within %.0f µs, "
                      "on the median of the paired gaps: %s); p99 %+.1f µs; CPU "
                      "s/GB %.2f against %.2f = %.2f× (%s; target ≤ %.2g: %s); 1 stream %.2f against "
-                     "%.2f Gbit/s. CPU per round trip (all processes of the path, kernel "
+                     "%.2f Gbit/s. CPU s/GB by throughput run (medians of each run's own): 1 "
+                     "stream %.2f against %.2f (%.2f×), %d streams %.2f against %.2f (%.2f×). "
+                     "CPU per round trip (all processes of the path, kernel "
                      "included): %.1f against %.1f µs, %+.1f µs: on 2 CPUs a round trip is "
                      "mostly CPU time, so the RTT gap follows this one." % (
                          v["p50"], t["p50"], d, gaps, TARGET_RTT_OVER_TLS_FLOOR_US,
@@ -901,6 +906,9 @@ class ClusterBench:
                          v["p99"] - t["p99"], v["cpu_per_gb"], t["cpu_per_gb"], c,
                          rep_ratios(v, t), TARGET_CPU_VS_TLS_FLOOR,
                          "met" if c <= TARGET_CPU_VS_TLS_FLOOR else "NOT met", v["tp1"], t["tp1"],
+                         v["cpu_per_gb_1"], t["cpu_per_gb_1"], v["cpu_per_gb_1"] / t["cpu_per_gb_1"],
+                         self.o.streams, v["cpu_per_gb_n"], t["cpu_per_gb_n"],
+                         v["cpu_per_gb_n"] / t["cpu_per_gb_n"],
                          v["cpu_us_per_rt"], t["cpu_us_per_rt"],
                          v["cpu_us_per_rt"] - t["cpu_us_per_rt"]))
         if v is not None and t is not None and v["relay_cpu_us_per_rt"] is not None:

@@ -32,7 +32,8 @@ between pods outside the mesh, and compare. Standard library only; every wait is
       echo         send --bytes (seeded by --seed), check the echo byte for byte
       shut-first   read the server's bytes to its EOF (--server-bytes, seed 4: checked), then
                    send --bytes (seeded by --seed) on the half that is still open, half-close,
-                   and wait for the server's close: what came, what went, how it ended
+                   and recv() once more: what came, what went, and "eof" (or the reset or
+                   broken pipe that ended the sending half)
       rounds       against an echo server, --rounds messages of --bytes in lockstep on a
                    BLOCKING socket (as upload): send one, sleep in recv() until it is back, check
                    it; then half-close and read the server's EOF (a recv() that answers EAGAIN
@@ -62,6 +63,7 @@ import threading
 import time
 
 CHUNK = 65536
+SHUT_FIRST_SEED = 4  # what a shut-first server sends first, which its client checks
 FIONREAD = 0x541B
 
 
@@ -158,7 +160,7 @@ def serve_one(args, c, peer):
             c.sendall(b"x" * 100)
             c.close()
         elif args.mode == "shut-first":
-            c.sendall(data_of(4, args.bytes))
+            c.sendall(data_of(SHUT_FIRST_SEED, args.bytes))
             c.shutdown(socket.SHUT_WR)
             total, h, _ = read_to_eof(c, args.timeout)
             out(event="shut-first", peer=peer_text, bytes=total, sha256=h.hexdigest(),
@@ -270,13 +272,13 @@ def client(args):
         total, h, _ = read_to_eof(s, args.timeout)
         first = {"received": total,
                  "received_intact": h.hexdigest() == hashlib.sha256(
-                     data_of(4, args.server_bytes)).hexdigest()}
+                     data_of(SHUT_FIRST_SEED, args.server_bytes)).hexdigest()}
         data = data_of(args.seed, args.bytes)
         try:
             s.sendall(data)
             s.shutdown(socket.SHUT_WR)
             s.settimeout(args.timeout)
-            d = s.recv(CHUNK)  # after both FINs: EOF again, unless the server reset
+            d = s.recv(CHUNK)  # the server's FIN came before: EOF again, unless a reset did
             end = "eof" if not d else "data"
         except OSError as e:
             end = describe(e)

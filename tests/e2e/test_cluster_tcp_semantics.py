@@ -132,6 +132,15 @@ class TcpSemantics(unittest.TestCase):
         except cluster.ClusterError:
             return []
 
+    def access_line_of(self, path, src, dst, local):
+        """The last access-log line of src's connection from port `local`, written by the proxy
+        that held the client's end (src's node, or dst's for inbound plaintext); fails the test
+        when there is none."""
+        node = self.pods[src].node if src == "client" else self.pods[dst].node
+        lines = self.access_lines_with(node, "src.addr=%s:%d" % (self.pods[src].ip, local))
+        self.assertTrue(lines, "%s: no access-log line for the connection" % path)
+        return lines[-1]
+
     # ---- 1. an abort stays an abort ----
 
     def test_a_server_that_closes_with_the_request_unread_resets_the_client(self):
@@ -168,17 +177,13 @@ class TcpSemantics(unittest.TestCase):
                 if path == "no-mesh":
                     continue
                 # The proxy that held the client's end logs the connection as failed (reset).
-                node = self.pods[src].node if src == "client" else self.pods[dst].node
-                line = self.access_lines_with(node, "src.addr=%s:%d" % (
-                    self.pods[src].ip, r["local"]))
-                self.assertTrue(line, "%s: no access-log line for the connection" % path)
-                self.assertIn("error=", line[-1], "%s: logged as a clean close: %s" % (
-                    path, line[-1]))
+                line = self.access_line_of(path, src, dst, r["local"])
+                self.assertIn("error=", line, "%s: logged as a clean close: %s" % (path, line))
 
     def test_a_server_that_half_closes_first_still_reads_what_the_client_sends(self):
         """The server sends 256 KiB and half-closes at once; only after that EOF does the client
         send 1 MiB and half-close. The client's half outlives the server's FIN on every path: the
-        bytes arrive intact both ways, both ends see a clean close, and the proxy logs the
+        bytes arrive intact both ways, neither end meets a reset, and the proxy logs the
         connection as complete with the apps' byte counts."""
         server_bytes, client_bytes = 256 * 1024, MiB
         for path, src, dst in PATHS:
@@ -199,13 +204,10 @@ class TcpSemantics(unittest.TestCase):
                                  "%s: what the server read after its FIN: %s" % (path, got))
                 if path == "no-mesh":
                     continue
-                node = self.pods[src].node if src == "client" else self.pods[dst].node
-                line = self.access_lines_with(node, "src.addr=%s:%d" % (
-                    self.pods[src].ip, r["local"]))
-                self.assertTrue(line, "%s: no access-log line for the connection" % path)
-                self.assertIn("connection complete", line[-1], path)
+                line = self.access_line_of(path, src, dst, r["local"])
+                self.assertIn("connection complete", line, path)
                 self.assertIn(" bytes_sent=%d bytes_recv=%d " % (client_bytes, server_bytes),
-                              line[-1], path)
+                              line, path)
 
     # ---- 2. a reconnect from a recently used port ----
 
