@@ -148,8 +148,8 @@ AGENT_FLAGS = {"appmtu": ["--no-app-route"]}
 TC_CLUSTER_PATHS = ("bypass", "nofast", "nosrcip", "appmtu", "nobypass", "iptables", "basebypass",
                     "basenobypass")
 # The passthrough rows and the cluster each runs on: (5) with the sockmap bypass (the app's socket
-# is bypassed, so the proxy copies), (5s) without it (the proxy splices both ways), and their
-# baseline rows on the baseline's clusters.
+# is bypassed; the proxy pins its flow back to the stack, then splices), (5s) without it (the
+# proxy splices from the start), and their baseline rows on the baseline's clusters.
 PASSTHROUGH_HOSTS = {"passthrough": "bypass", "ptsplice": "nobypass",
                      "basepassthrough": "basebypass", "baseptsplice": "basenobypass"}
 TOPOLOGIES = [("cross", "across nodes"), ("same", "same node")]
@@ -1026,8 +1026,10 @@ class ClusterBench:
                      "lo, where the two proxies sit on the mesh path. Their CPU is in the same "
                      "cgroup tree. (5) is (2)'s mesh client pod talking to pods of a namespace not "
                      "labelled for the mesh, on (2)'s cluster: the app's socket is in the sockmap "
-                     "bypass, which splice cannot read, so the proxy copies. (5s) is the same on "
-                     "(3)'s cluster (no bypass), where the proxy splices both ways.")
+                     "bypass, which splice cannot read, so the proxy pins the app's flow back to "
+                     "the TCP stack, copies what was redirected before, then splices (a proxy "
+                     "before 2026-12-06 copied throughout). (5s) is the same on (3)'s cluster "
+                     "(no bypass), where the proxy splices from the start.")
             L.append("")
         return L
 

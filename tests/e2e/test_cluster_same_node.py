@@ -198,8 +198,12 @@ class SameNode(ClusterCase):
 
     def test_config_dump_names_the_passthrough_path_of_a_live_connection(self):
         legacy = "%s:%d" % (self.pods["legacy-a"].ip, APP_PORT)
+        spliced_before = metric_value(self.a.metrics(), "sockmesh_bypass_flows_spliced_total")
         live = self.client.client_process("live-legacy", legacy, "--stream-seconds", 3)
-        self.assertEqual(self.live_paths(legacy), [("outbound", "passthrough", "copy")])
+        # The client's socket is in the bypass; the proxy pins its flow to the stack and splices.
+        self.assertEqual(self.live_paths(legacy), [("outbound", "passthrough", "splice")])
+        self.assertEqual(metric_value(self.a.metrics(), "sockmesh_bypass_flows_spliced_total"),
+                         spliced_before + 1)
         self.assertTrue(self.report_of(live, timeout=15)["ok"])
         wait_until("the closed connection to leave /config_dump", lambda: not [
             c for c in self.a.config_dump()["connections"] if c["dst"] == legacy], 10)

@@ -4,6 +4,8 @@
 // (sm_stack_flows), the proxy socket's receive window stops the app within its socket buffers,
 // and the bytes already queued still come first: the stream arrives whole and in order.
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -28,6 +30,7 @@
 #include "loader/maps/counters.h"
 #include "loader/maps/listener_map.h"
 #include "net/relay.h"
+#include "net/splice_relay.h"
 #include "observe/metrics.h"
 #include "proxy/bypass_pinning.h"
 #include "sockmesh/consts.h"
@@ -440,6 +443,146 @@ TEST_F(StackPinningTest, SpliceDoesNotSeeRedirectedBytes) {
   ssize_t n = recv(proxy_end.get(), got.data(), got.size(), MSG_DONTWAIT);
   ASSERT_EQ(n, static_cast<ssize_t>(kSent)) << "recv must still return the redirected bytes";
   EXPECT_EQ(std::memcmp(got.data(), stream.data(), kSent), 0);
+}
+
+// Issue #16 item 2, what SpliceRelay's drain relies on: once an app's flow is pinned, the proxy
+// socket holds the bytes redirected before the pin (psock queue) and those sent after it (TCP's
+// queue). recvmsg() serves the psock queue first, and only TCP's own recvmsg adds the TCP_INQ hint,
+// so the first hinted read is the first byte of TCP's queue: everything redirected came before it.
+TEST_F(StackPinningTest, TheInqHintTellsTcpsQueueFromTheRedirectedBytes) {
+  UniqueFd app, proxy_end;
+  maps::FlowKey app_key;
+  ASSERT_NO_FATAL_FAILURE(connect_bypassed_app(app, proxy_end, app_key));
+  int on = 1;
+  ASSERT_EQ(setsockopt(proxy_end.get(), IPPROTO_TCP, TCP_INQ, &on, sizeof(on)), 0)
+      << std::strerror(errno);
+
+  constexpr size_t kRedirected = 6000;
+  constexpr size_t kOnStack = 5000;
+  auto stream = testing::pattern(kRedirected + kOnStack, 25);
+  uint64_t redirected_before = counter(SM_CNT_BYPASS_SENDS);
+  ASSERT_EQ(send(app.get(), stream.data(), kRedirected, MSG_NOSIGNAL),
+            static_cast<ssize_t>(kRedirected));
+  EXPECT_GT(counter(SM_CNT_BYPASS_SENDS), redirected_before) << "the send was not redirected";
+  ASSERT_TRUE(flows_->pin_to_stack(app_key));
+  ASSERT_TRUE(flows_->release_app_socket(app_key));
+  ASSERT_EQ(send(app.get(), stream.data() + kRedirected, kOnStack, MSG_NOSIGNAL),
+            static_cast<ssize_t>(kOnStack));
+  std::vector<uint8_t> got;
+  std::vector<bool> hinted;
+  std::vector<size_t> sizes;
+  auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (got.size() < stream.size() && Clock::now() < deadline) {
+    std::vector<uint8_t> buf(64 * 1024);
+    iovec iov{buf.data(), buf.size()};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t n = recvmsg(proxy_end.get(), &msg, MSG_DONTWAIT);
+    if (n < 0 && errno == EAGAIN) {
+      pollfd p{proxy_end.get(), POLLIN, 0};
+      poll(&p, 1, 10);
+      continue;
+    }
+    ASSERT_GT(n, 0) << (n < 0 ? std::strerror(errno) : "EOF");
+    bool hint = false;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_TCP && c->cmsg_type == TCP_CM_INQ) hint = true;
+    }
+    got.insert(got.end(), buf.begin(), buf.begin() + n);
+    hinted.push_back(hint);
+    sizes.push_back(static_cast<size_t>(n));
+  }
+  std::cout << "[ measured ] reads after the pin:";
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::cout << " " << sizes[i] << (hinted[i] ? " (TCP)" : " (psock)");
+  }
+  std::cout << "\n";
+  EXPECT_EQ(got, stream) << "the two queues' bytes out of order";
+  // The redirected bytes come without the hint, then TCP's with it, never the other way round.
+  size_t unhinted = 0;
+  for (size_t i = 0; i < sizes.size() && !hinted[i]; ++i) unhinted += sizes[i];
+  EXPECT_EQ(unhinted, kRedirected);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (i > 0 && hinted[i - 1]) {
+      EXPECT_TRUE(hinted[i]) << "a psock read after a TCP read";
+    }
+  }
+  EXPECT_TRUE(hinted.back()) << "TCP's bytes came without the hint";
+}
+
+// The passthrough relay as the proxy runs it for a bypassed app (proxy::start_plain_relay): the
+// app streams 32 MiB and the handler pins its flow in the middle of it (kSplice); the relay
+// copies what was redirected before the pin, then splices. The server gets every byte in order,
+// its answer reaches the app, and most of the stream was spliced, not drained.
+TEST_F(StackPinningTest, ASplicedPassthroughDrainsWhatWasRedirectedBeforeThePin) {
+  UniqueFd app, proxy_end;
+  maps::FlowKey app_key;
+  ASSERT_NO_FATAL_FAILURE(connect_bypassed_app(app, proxy_end, app_key));
+  auto server_listener = testing::listen_in(topo_.peer.path(), Endpoint{topo_.peer_v4, 9091});
+  ASSERT_TRUE(server_listener.valid());
+  auto upstream = testing::connect_in(topo_.pod.path(), Endpoint{topo_.peer_v4, 9091},
+                                      {.mark = SM_MARK_PROXY_UPSTREAM});
+  ASSERT_TRUE(upstream.valid()) << std::strerror(errno);
+  auto server = testing::accept_within(server_listener.get(), 5000);
+  ASSERT_TRUE(server.valid());
+
+  observe::Registry metrics;
+  proxy::BypassPinning pinning(install_.root(), metrics);
+  auto exit = pinning.exit_handler(proxy_end.get());
+  ASSERT_TRUE(exit) << "the app's captured connection is bypassed";
+
+  constexpr size_t kStream = 32 * kMiB;
+  constexpr size_t kBeforePin = 2 * kMiB;
+  auto stream = testing::pattern(kStream, 26);
+  Writer writer{app.get(), stream};
+  std::thread sender([&] {
+    while (writer.offset < stream.size()) {
+      if (writer.write_for(std::chrono::milliseconds(10000), stream.size() - writer.offset) == 0) {
+        break;
+      }
+    }
+    shutdown(app.get(), SHUT_WR);
+  });
+  auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (writer.published.load() < kBeforePin && Clock::now() < deadline) usleep(200);
+  ASSERT_TRUE(exit(proxy::BypassExitReason::kSplice)) << "the pin was refused";
+  EXPECT_TRUE(flows_->pinned(app_key));
+  EXPECT_EQ(flows_->map_of(app_key), maps::BypassMap::kNone) << "the app's socket stays bypassed";
+
+  using Tcp = boost::asio::ip::tcp;
+  boost::asio::io_context io;
+  auto relay = std::make_shared<net::SpliceRelay>(Tcp::socket(io, Tcp::v4(), proxy_end.release()),
+                                                  Tcp::socket(io, Tcp::v4(), upstream.release()));
+  relay->drain_redirected_first(true, false);
+  std::optional<net::TcpRelay::Result> result;
+  relay->start([&](const net::TcpRelay::Result& r) { result = r; });
+  std::thread loop([&] { io.run(); });
+
+  size_t checked = 0;
+  std::thread reader([&] { checked = read_and_check(server.get(), stream, 30000); });
+  reader.join();
+  sender.join();
+  EXPECT_EQ(writer.offset, stream.size());
+  EXPECT_EQ(checked, stream.size()) << "first difference or loss at this offset";
+
+  // The answer: 1 MiB from the server, spliced into the proxy's end, read whole by the app.
+  stream_and_check(server.get(), app.get(), kMiB, 27);
+  app.reset();
+  loop.join();  // the relay ends with both directions
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(result->bytes_a_to_b, kStream);
+  EXPECT_EQ(result->bytes_b_to_a, kMiB);
+  EXPECT_EQ(result->error, "");
+  std::cout << "[ measured ] drained " << mib(relay->drained_bytes()) << " MiB of " << mib(kStream)
+            << " (" << mib(kBeforePin) << "+ MiB written before the pin)\n";
+  EXPECT_GE(relay->drained_bytes(), kBeforePin) << "redirected bytes were not read first";
+  EXPECT_LT(relay->drained_bytes(), kStream) << "the relay never spliced";
+  EXPECT_NE(metrics.render().find("sockmesh_bypass_flows_spliced_total 1\n"), std::string::npos)
+      << metrics.render();
 }
 
 // The proxy's plain relay and its pinning handler together: the relay copies the app's captured

@@ -1,6 +1,8 @@
 #include "net/splice_relay.h"
 
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -33,6 +35,11 @@ SpliceRelay::SpliceRelay(Tcp::socket a, Tcp::socket b, size_t pipe_bytes)
 
 SpliceRelay::~SpliceRelay() { close_pipes(); }
 
+void SpliceRelay::drain_redirected_first(bool from_a, bool from_b) {
+  ab_.draining = from_a;
+  ba_.draining = from_b;
+}
+
 void SpliceRelay::start(Done done, Progress progress) {
   done_ = std::move(done);
   progress_ = std::move(progress);
@@ -51,6 +58,16 @@ void SpliceRelay::start(Done done, Progress progress) {
   boost::system::error_code ec;
   a_.non_blocking(true, ec);
   b_.non_blocking(true, ec);
+  for (Direction* d : {&ab_, &ba_}) {
+    if (!d->draining) continue;
+    int on = 1;
+    if (setsockopt(d->from->native_handle(), IPPROTO_TCP, TCP_INQ, &on, sizeof(on)) != 0) {
+      // Without the hint the end of the psock queue cannot be told: copy for good (correct, and
+      // what the relay did for every bypassed socket before).
+      SM_WARN("net") << "splice relay: " << errno_text("setsockopt(TCP_INQ)")
+                     << "; copying this bypassed direction for its whole life";
+    }
+  }
   pump(ab_, true);
   pump(ba_, false);
 }
@@ -72,6 +89,10 @@ void SpliceRelay::pump(Direction& d, bool a_to_b) {
   // A burst is bounded so that one busy connection cannot starve the others on its worker.
   for (int burst = 0; burst < kBurstSplices; ++burst) {
     if (finished_) return;
+    if (d.held_sent < d.held.size()) {
+      if (!send_held(d, a_to_b)) return;
+      continue;
+    }
     if (d.in_pipe > 0) {
       ssize_t n =
           splice(d.pipe.read_end, nullptr, d.to->native_handle(), nullptr, d.in_pipe, kSpliceFlags);
@@ -96,6 +117,10 @@ void SpliceRelay::pump(Direction& d, bool a_to_b) {
       finish_direction(d);
       return;
     }
+    if (d.draining) {
+      if (!drain_read(d, a_to_b)) return;
+      continue;
+    }
     ssize_t n = splice(d.from->native_handle(), nullptr, d.pipe.write_end, nullptr, pipe_bytes_,
                        kSpliceFlags);
     if (n > 0) {
@@ -112,7 +137,7 @@ void SpliceRelay::pump(Direction& d, bool a_to_b) {
       pump_when(*d.from, Tcp::socket::wait_read, d, a_to_b);
       return;
     }
-    if (splice_refused(err) && ab_.bytes + ba_.bytes + ab_.in_pipe + ba_.in_pipe == 0) {
+    if (splice_refused(err) && nothing_moved()) {
       SM_WARN("net") << "splice relay: the kernel refused splice from a TCP socket ("
                      << errno_text(err) << "); relaying this connection by copying";
       fall_back();
@@ -124,6 +149,80 @@ void SpliceRelay::pump(Direction& d, bool a_to_b) {
   boost::asio::post(a_.get_executor(), [self = shared_from_this(), &d, a_to_b] {
     if (!self->finished_) self->pump(d, a_to_b);
   });
+}
+
+bool SpliceRelay::nothing_moved() const {
+  for (const Direction* d : {&ab_, &ba_}) {
+    if (d->bytes != 0 || d->in_pipe != 0 || !d->held.empty()) return false;
+  }
+  return true;
+}
+
+bool SpliceRelay::send_held(Direction& d, bool a_to_b) {
+  ssize_t n = ::send(d.to->native_handle(), d.held.data() + d.held_sent,
+                     d.held.size() - d.held_sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (n > 0) {
+    d.held_sent += static_cast<size_t>(n);
+    d.bytes += static_cast<uint64_t>(n);
+    if (progress_) progress_(a_to_b, static_cast<size_t>(n));
+    if (d.held_sent == d.held.size()) {
+      d.held_sent = 0;
+      d.held.clear();
+      if (!d.draining) std::vector<uint8_t>().swap(d.held);  // drained: splice from now on
+    }
+    return true;
+  }
+  int err = n < 0 ? errno : EPIPE;
+  if (err == EINTR) return true;
+  if (would_block(err)) {
+    pump_when(*d.to, Tcp::socket::wait_write, d, a_to_b);
+  } else {
+    fail("write: " + errno_text(err));
+  }
+  return false;
+}
+
+bool SpliceRelay::drain_read(Direction& d, bool a_to_b) {
+  d.held.resize(pipe_bytes_);
+  iovec iov{d.held.data(), d.held.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n = ::recvmsg(d.from->native_handle(), &msg, MSG_DONTWAIT);
+  if (n < 0) {
+    std::vector<uint8_t>().swap(d.held);  // an idle relay holds no buffer
+    int err = errno;
+    if (err == EINTR) return true;
+    if (would_block(err)) {
+      pump_when(*d.from, Tcp::socket::wait_read, d, a_to_b);
+    } else {
+      fail("read: " + errno_text(err));
+    }
+    return false;
+  }
+  // tcp_recvmsg() adds the hint to what it returns (data or FIN); tcp_bpf's read of the psock
+  // queue does not. So the first hinted read means the psock queue was empty and TCP's had data:
+  // what the app sends after its pin goes through TCP behind everything it redirected.
+  bool from_tcp = false;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_TCP && c->cmsg_type == TCP_CM_INQ) from_tcp = true;
+  }
+  d.held.resize(static_cast<size_t>(n));
+  d.held_sent = 0;
+  if (!from_tcp) d.drained += static_cast<uint64_t>(n);
+  if (n == 0) d.eof = true;
+  if (from_tcp || n == 0) {
+    d.draining = false;
+    int off = 0;
+    setsockopt(d.from->native_handle(), IPPROTO_TCP, TCP_INQ, &off, sizeof(off));
+    SM_DEBUG("net") << "splice relay: drained " << d.drained
+                    << " redirected bytes; splicing from here";
+    if (n == 0) std::vector<uint8_t>().swap(d.held);
+  }
+  return true;
 }
 
 void SpliceRelay::fall_back() {

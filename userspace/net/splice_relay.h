@@ -6,13 +6,18 @@
 // Not for a socket in the sockmap bypass (sm_bypass): the bytes sk_msg redirects into such a
 // socket wait on its psock's ingress queue, which only recvmsg() reads; tcp_splice_read() reads
 // the TCP receive queue alone and would never see them (tests/loader/bypass_pinning_test.cc,
-// SpliceDoesNotSeeRedirectedBytes). Callers pick TcpRelay for bypassed sockets.
+// SpliceDoesNotSeeRedirectedBytes). A caller that took the app's flow out of the redirect (pinned
+// it to the stack) names that socket with drain_redirected_first(): what was redirected before the
+// pin is read with recvmsg() and sent on by copying, and splicing starts with the first bytes that
+// came through TCP (recvmsg() serves the psock queue before the TCP queue, and an app's sends that
+// follow the pin follow its redirected ones).
 //
 // Falls back to TcpRelay, transparently, when the kernel refuses splice on these sockets
 // (EINVAL/ENOSYS before any byte moved) or no pipe can be had (e.g. EMFILE).
 #include <boost/asio/ip/tcp.hpp>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "net/relay.h"
 
@@ -30,11 +35,17 @@ class SpliceRelay : public std::enable_shared_from_this<SpliceRelay> {
   // 8.3 -> 9.1 Gbit/s across nodes, CPU per GB -14%; docs/ARCHITECTURE.md, #16).
   SpliceRelay(Tcp::socket a, Tcp::socket b, size_t pipe_bytes = kRelayBufferBytes);
   ~SpliceRelay();
+  // Before start(): `from_a`/`from_b` is a proxy socket of the sockmap bypass whose app's flow was
+  // pinned to the stack. Its direction copies until a read returns bytes from TCP's receive queue
+  // (told by the TCP_INQ hint, which only TCP's own recvmsg gives), then splices.
+  void drain_redirected_first(bool from_a, bool from_b);
   void start(Done done, Progress progress = nullptr);
   // Resets both sides now (e.g. policy revoked the connection).
   void abort(const std::string& reason);
   // Whether the bytes are moved by the copying TcpRelay instead (the kernel refused splice).
   bool fell_back() const { return fallback_ != nullptr; }
+  // Bytes read from the psock queues while draining (redirected before the pin), both directions.
+  uint64_t drained_bytes() const { return ab_.drained + ba_.drained; }
 
  private:
   struct Pipe {
@@ -49,11 +60,23 @@ class SpliceRelay : public std::enable_shared_from_this<SpliceRelay> {
     uint64_t bytes = 0;
     bool eof = false;  // `from` sent FIN; shut `to` down once the pipe drained
     bool done = false;
+    // Draining (drain_redirected_first): `from` is read by recvmsg into `held`, which is sent on
+    // before anything else; freed once the direction splices.
+    bool draining = false;
+    std::vector<uint8_t> held;
+    size_t held_sent = 0;
+    uint64_t drained = 0;
   };
+  // One recvmsg of a draining direction; false when the caller must stop (waiting, or failed).
+  bool drain_read(Direction& d, bool a_to_b);
+  // Sends d.held on; false when the caller must stop (waiting, or failed).
+  bool send_held(Direction& d, bool a_to_b);
   void pump(Direction& d, bool a_to_b);
   // pump(d) again once `socket` is ready for `what`; a failed wait fails the relay.
   void pump_when(Tcp::socket& socket, Tcp::socket::wait_type what, Direction& d, bool a_to_b);
   void finish_direction(Direction& d);
+  // No byte was read or sent yet: falling back to TcpRelay loses nothing.
+  bool nothing_moved() const;
   void fall_back();
   void fail(const std::string& error);
   void maybe_done();

@@ -36,6 +36,10 @@ BypassPinning::BypassPinning(std::string pin_root, observe::Registry& metrics,
                                "Bypassed app flows of a tunnel sent back to the TCP stack because "
                                "the app answered what it was sent (request and response), so "
                                "that its ACKs ride on its answers")),
+      spliced_(metrics.counter("sockmesh_bypass_flows_spliced_total",
+                               "Bypassed app flows of a plain relay (passthrough, inbound "
+                               "plaintext) sent back to the TCP stack so that the proxy can "
+                               "splice them instead of copying")),
       pin_failures_(metrics.counter("sockmesh_bypass_pin_failures_total",
                                     "Bypassed app flows the proxy could not pin to the TCP stack "
                                     "(their bytes keep queueing without TCP flow control)")),
@@ -99,30 +103,39 @@ BypassExit BypassPinning::exit_handler(int fd) {
     return nullptr;
   }
   if (!map->bypassed(*own)) return nullptr;
-  return [map, app = own->reversed(), pinned = &pinned_, two_way = &two_way_,
-          failures = &pin_failures_, release_failures = &release_failures_,
-          done = false](BypassExitReason why) mutable {
-    if (done) return;
+  return [map, app = own->reversed(), pinned = &pinned_, two_way = &two_way_, spliced = &spliced_,
+          failures = &pin_failures_, release_failures = &release_failures_, done = false,
+          on_stack = false](BypassExitReason why) mutable {
+    if (done) return on_stack;
     done = true;  // a pinned flow stays pinned: once is enough, and a failure is not retried
     if (auto s = map->pin_to_stack(app); !s) {
       count_refusal(*failures, pin_refusal_warned, s.error().message,
                     why == BypassExitReason::kReadPaused
                         ? "this flow keeps queueing without flow control"
-                        : "this flow keeps its own ACK per message");
-      return;
+                    : why == BypassExitReason::kTwoWay ? "this flow keeps its own ACK per message"
+                                                       : "this flow is copied, not spliced");
+      return false;
     }
-    (why == BypassExitReason::kReadPaused ? pinned : two_way)->inc();
+    on_stack = true;
+    const char* what = "request and response";
+    observe::Counter* counter = two_way;
+    if (why == BypassExitReason::kReadPaused) {
+      what = "reading paused";
+      counter = pinned;
+    } else if (why == BypassExitReason::kSplice) {
+      what = "relayed by splice";
+      counter = spliced;
+    }
+    counter->inc();
     // The flow will not come back to the redirect, so the app's socket leaves sm_bypass: its
     // receive path is TCP's again (see BypassFlows::release_app_socket for why that matters).
     if (auto s = map->release_app_socket(app); !s) {
       count_refusal(*release_failures, release_refusal_warned, s.error().message,
                     "the app's socket keeps sockmap's receive path");
     }
-    SM_DEBUG("proxy") << "bypass: "
-                      << (why == BypassExitReason::kReadPaused ? "reading paused"
-                                                               : "request and response")
-                      << ", app flow " << app.to_string()
+    SM_DEBUG("proxy") << "bypass: " << what << ", app flow " << app.to_string()
                       << " pinned to the TCP stack and its socket out of the bypass";
+    return true;
   };
 }
 

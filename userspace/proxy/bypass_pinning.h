@@ -1,7 +1,8 @@
 #pragma once
 // Sending a bypassed app flow back to the TCP stack (sm_stack_flows): for backpressure, when the
 // proxy stops reading the app's bypassed socket, so that TCP's window stops the app; and for a
-// tunnelled flow that turns out to be request and response, whose ACKs then ride on its answers.
+// tunnelled flow that turns out to be request and response, whose ACKs then ride on its answers;
+// and for a flow the proxy relays with splice(2), which reads TCP's receive queue only.
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -20,10 +21,14 @@ enum class BypassExitReason {
   // answers go through sk_msg its own TCP socket never sends data, so TCP acknowledges every
   // message it gets with a pure ACK; on the stack the ACK rides on the answer.
   kTwoWay,
+  // A plain relay (passthrough, inbound plaintext) splices this flow: splice reads the proxy
+  // socket's TCP receive queue, never the psock queue sk_msg redirects into (net::SpliceRelay).
+  kSplice,
 };
 // Sends one bypassed app flow back to the TCP stack; acts on its first call only, and belongs to
-// the socket's worker thread.
-using BypassExit = std::function<void(BypassExitReason)>;
+// the socket's worker thread. True when the flow is on the stack path now (false: the kernel
+// refused the pin, counted and said; every later call answers as the first did).
+using BypassExit = std::function<bool(BypassExitReason)>;
 // `exit` as a relay that only pauses runs it (nullptr when `exit` is).
 std::function<void()> on_read_paused(BypassExit exit);
 
@@ -61,6 +66,7 @@ class BypassPinning {
   const std::chrono::milliseconds retry_;
   observe::Counter& pinned_;
   observe::Counter& two_way_;
+  observe::Counter& spliced_;
   observe::Counter& pin_failures_;
   observe::Counter& release_failures_;
   std::mutex mu_;

@@ -72,10 +72,6 @@ struct ProxyContext {
   BypassExit bypass_exit(int fd) const {
     return bypass_pinning ? bypass_pinning->exit_handler(fd) : nullptr;
   }
-  // bypass_exit(fd) for a relay that only pauses (BypassPinning::read_paused_handler).
-  std::function<void()> bypass_read_paused(int fd) const {
-    return bypass_pinning ? bypass_pinning->read_paused_handler(fd) : nullptr;
-  }
 };
 
 }  // namespace sockmesh::proxy

@@ -64,11 +64,11 @@ void InboundPlaintext::handle(Worker& worker, Tcp::socket socket) {
            return;
          }
          // The upstream socket is the app's peer; sockops paired the two when it connected.
-         auto app_paused = ctx.bypass_read_paused(upstream.native_handle());
-         auto relay = start_plain_relay(ctx, std::move(*client_sock), std::move(upstream), nullptr,
-                                        std::move(app_paused),
-                                        finish_when_done<net::TcpRelay::Result>(record),
-                                        count_bytes(record, /*forward_is_outgoing=*/true));
+         auto app_exit = ctx.bypass_exit(upstream.native_handle());
+         auto relay =
+             start_plain_relay(ctx, std::move(*client_sock), std::move(upstream), nullptr,
+                               std::move(app_exit), finish_when_done<net::TcpRelay::Result>(record),
+                               count_bytes(record, /*forward_is_outgoing=*/true));
          record->set_relay(relay.spliced ? "splice" : "copy");
          record->track(uid, facts, std::move(relay.abort));
        });

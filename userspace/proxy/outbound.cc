@@ -52,7 +52,7 @@ void serve_same_node(ProxyContext& ctx, Worker& worker,
                      const state::Snapshot& snap, const state::Workload& dst,
                      const Endpoint& client_addr, const Endpoint& target,
                      const Outbound::ClientSocket& client, const Outbound::Ready& ready,
-                     net::TcpRelay::ReadPaused client_paused) {
+                     BypassExit client_exit) {
   ctx.metrics
       ->counter("sockmesh_same_node_fast_path_total",
                 "Outbound connections to a workload of this proxy served without a tunnel "
@@ -95,7 +95,7 @@ void serve_same_node(ProxyContext& ctx, Worker& worker,
   net::DialOptions opts = ctx.dial_to_app(client_addr.ip, target.ip);
   std::string dst_uid = dst.uid;
   dial(worker.io(), target, opts, ctx.config.connect_timeout,
-       [&ctx, out_record, in_record, client, ready, client_paused, facts, dst_uid](
+       [&ctx, out_record, in_record, client, ready, client_exit, facts, dst_uid](
            DialResult r, Tcp::socket upstream) mutable {
          if (!r.ok) {
            in_record->finish(r.error, ResponseFlags::kConnectionFailure);
@@ -104,17 +104,16 @@ void serve_same_node(ProxyContext& ctx, Worker& worker,
            return;
          }
          // The upstream socket is the server app's peer; sockops paired the two at connect.
-         auto app_paused = ctx.bypass_read_paused(upstream.native_handle());
+         auto app_exit = ctx.bypass_exit(upstream.native_handle());
          auto start = [&ctx, out_record, in_record, client, facts, dst_uid,
-                       client_paused = std::move(client_paused), app_paused = std::move(app_paused),
+                       client_exit = std::move(client_exit), app_exit = std::move(app_exit),
                        up = std::make_shared<Tcp::socket>(std::move(upstream))]() mutable {
            auto count_out = count_bytes(out_record, /*forward_is_outgoing=*/true);
            auto count_in = count_bytes(in_record, /*forward_is_outgoing=*/true);
            auto done_out = finish_when_done<net::TcpRelay::Result>(out_record);
            auto done_in = finish_when_done<net::TcpRelay::Result>(in_record);
            auto relay = start_plain_relay(
-               ctx, std::move(*client), std::move(*up), std::move(client_paused),
-               std::move(app_paused),
+               ctx, std::move(*client), std::move(*up), std::move(client_exit), std::move(app_exit),
                [done_out, done_in](const net::TcpRelay::Result& res) {
                  done_in(res);
                  done_out(res);
@@ -193,7 +192,6 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
   access.dst_addr = route.target.to_string();
   // Decided now, while the client socket is fresh: sockops paired it with the app at accept.
   auto bypass_exit = ctx.bypass_exit(client_ptr->native_handle());
-  auto read_paused = on_read_paused(bypass_exit);
 
   bool hbone = route.workload != nullptr && route.workload->protocol == state::Protocol::kHbone;
   if (!hbone && (route.target.ip.is_loopback() || route.target.ip.is_unspecified())) {
@@ -217,18 +215,18 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
     opts.mark = ctx.config.mark;
     opts.netns = ctx.pod_netns.find(client_addr.ip);  // in-pod mode: leave from the client's pod
     dial(worker.io(), route.target, opts, ctx.config.connect_timeout,
-         [&ctx, record, client_ptr, ready, read_paused](DialResult r, Tcp::socket upstream) {
+         [&ctx, record, client_ptr, ready, bypass_exit](DialResult r, Tcp::socket upstream) {
            if (!r.ok) {
              OutboundOutcome o{false, r.error, ResponseFlags::kConnectionFailure, false, true};
              fail_client(record, client_ptr, ready, o);
              return;
            }
-           auto start = [&ctx, record, client_ptr, read_paused,
+           auto start = [&ctx, record, client_ptr, bypass_exit,
                          up = std::make_shared<Tcp::socket>(std::move(upstream))]() mutable {
-             auto relay = start_plain_relay(
-                 ctx, std::move(*client_ptr), std::move(*up), std::move(read_paused), nullptr,
-                 finish_when_done<net::TcpRelay::Result>(record),
-                 count_bytes(record, /*forward_is_outgoing=*/true));
+             auto relay = start_plain_relay(ctx, std::move(*client_ptr), std::move(*up),
+                                            std::move(bypass_exit), nullptr,
+                                            finish_when_done<net::TcpRelay::Result>(record),
+                                            count_bytes(record, /*forward_is_outgoing=*/true));
              record->set_relay(relay.spliced ? "splice" : "copy");
            };
            if (ready) {
@@ -246,7 +244,7 @@ void Outbound::handle(Worker& worker, Tcp::socket client, const Endpoint& client
     if (local != nullptr &&
         (ctx.config.zds_socket.empty() || ctx.pod_netns.find(route.target.ip))) {
       serve_same_node(ctx, worker, record, view, *snap, *local, client_addr, route.target,
-                      client_ptr, ready, std::move(read_paused));
+                      client_ptr, ready, bypass_exit);
       return;
     }
   }
