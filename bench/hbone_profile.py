@@ -5,7 +5,7 @@ On the cluster bench's pods (bench/cluster.py), across nodes: the two node proxi
 of (3), the same without the sockmap bypass, with --paths nobypass) against the two relays of (t)
 (mutual TLS 1.3, no HTTP/2) and of (th) ((t) with one HTTP/2 CONNECT stream inside the TLS), for
 the same work, one after the other:
-  - 1 stream of --mib MiB: syscalls per MiB and task-clock ms per GiB of the two processes
+  - a stream of --mib MiB (on --streams connections): syscalls per MiB and task-clock ms per GiB of the two processes
     (perf stat -e raw_syscalls:sys_enter,task-clock -p <pids>), their user and system CPU
     time per GiB (/proc/<pid>/stat), in all and by side (client's node, server's node), and
     their voluntary context switches (sleeps and wake-ups) per MiB;
@@ -225,6 +225,9 @@ def main(argv):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
     ap.add_argument("--mib", type=int, default=1024)
+    ap.add_argument("--streams", type=int, default=1,
+                    help="parallel streams that carry the --mib MiB between them (the cluster "
+                    "bench's second throughput run has 8)")
     ap.add_argument("--rtts", type=int, default=20000)
     ap.add_argument("--paths", default="bypass,tlsfloor,h2floor",
                     help="the rows to profile: bypass, nobypass (the proxies without the sockmap "
@@ -243,7 +246,7 @@ def main(argv):
             bench.setup()
             for combo in bench.combos:
                 procs = sides(combo)  # [client side, server side]
-                stream = lambda: bench.throughput(combo, o.mib << 20, 1)  # noqa: E731
+                stream = lambda: bench.throughput(combo, o.mib << 20, o.streams)  # noqa: E731
                 rtts = lambda: bench.pingpong(combo, o.rtts, 100)  # noqa: E731
                 stream_split = []
 
@@ -276,6 +279,7 @@ def main(argv):
         finally:
             bench.cleanup()
     sys.stdout.write(stats.note())
+    print("\nThe stream: %d MiB on %d connection(s) at once." % (o.mib, o.streams))
     names = {"bypass": "(2) sockmesh proxies", "nobypass": "(3) sockmesh proxies, no bypass",
              "tlsfloor": "(t) TLS floor relays",
              "h2floor": "(th) HTTP/2 floor relays",
