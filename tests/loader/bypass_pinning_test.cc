@@ -585,6 +585,74 @@ TEST_F(StackPinningTest, ASplicedPassthroughDrainsWhatWasRedirectedBeforeThePin)
       << metrics.render();
 }
 
+// The case the drain cannot order: bytes redirected after the relay switched to splice (an app
+// that sends from two threads, one of them past sk_msg's check when the pin landed). Made here
+// by putting the app's socket back into sm_bypass and lifting its pin once the relay splices.
+// Splice cannot see those bytes; the relay must notice them (the wake they cause finds TCP's
+// queue empty) and reset the connection, not spin on the wakes or lose them silently.
+TEST_F(StackPinningTest, BytesRedirectedAfterTheDrainResetTheSplicedConnection) {
+  UniqueFd app, proxy_end;
+  maps::FlowKey app_key;
+  ASSERT_NO_FATAL_FAILURE(connect_bypassed_app(app, proxy_end, app_key));
+  auto server_listener = testing::listen_in(topo_.peer.path(), Endpoint{topo_.peer_v4, 9092});
+  ASSERT_TRUE(server_listener.valid());
+  auto upstream = testing::connect_in(topo_.pod.path(), Endpoint{topo_.peer_v4, 9092},
+                                      {.mark = SM_MARK_PROXY_UPSTREAM});
+  ASSERT_TRUE(upstream.valid()) << std::strerror(errno);
+  auto server = testing::accept_within(server_listener.get(), 5000);
+  ASSERT_TRUE(server.valid());
+  observe::Registry metrics;
+  proxy::BypassPinning pinning(install_.root(), metrics);
+  auto exit = pinning.exit_handler(proxy_end.get());
+  ASSERT_TRUE(exit);
+  ASSERT_TRUE(exit(proxy::BypassExitReason::kSplice));
+
+  using Tcp = boost::asio::ip::tcp;
+  boost::asio::io_context io;
+  auto relay = std::make_shared<net::SpliceRelay>(Tcp::socket(io, Tcp::v4(), proxy_end.release()),
+                                                  Tcp::socket(io, Tcp::v4(), upstream.release()));
+  relay->drain_redirected_first(true, false);
+  std::atomic<bool> finished{false};
+  std::string error;
+  relay->start([&](const net::TcpRelay::Result& r) {
+    error = r.error;
+    finished = true;
+  });
+  std::thread loop([&] { io.run(); });
+
+  // Through TCP after the pin: the first hinted read ends the drain, and the relay splices.
+  std::vector<uint8_t> first(1000, 'a');
+  ASSERT_EQ(send(app.get(), first.data(), first.size(), MSG_NOSIGNAL), 1000);
+  std::vector<uint8_t> got(first.size());
+  ASSERT_EQ(recv(server.get(), got.data(), got.size(), MSG_WAITALL), 1000);
+  EXPECT_EQ(relay->drained_bytes(), 0u) << "nothing was redirected before the pin";
+
+  // The straggler: the app's socket back in sm_bypass, its pin lifted, one send redirected.
+  UniqueFd bypass_map(bpf_obj_get((install_.root() + "/" SM_MAP_BYPASS).c_str()));
+  UniqueFd stack_map(bpf_obj_get((install_.root() + "/" SM_MAP_STACK_FLOWS).c_str()));
+  ASSERT_TRUE(bypass_map.valid() && stack_map.valid()) << std::strerror(errno);
+  sm_flow_key key = app_key.to_kernel();
+  ASSERT_EQ(bpf_map_delete_elem(stack_map.get(), &key), 0) << std::strerror(errno);
+  uint64_t fd = static_cast<uint64_t>(app.get());
+  ASSERT_EQ(bpf_map_update_elem(bypass_map.get(), &key, &fd, BPF_ANY), 0) << std::strerror(errno);
+  uint64_t redirected_before = counter(SM_CNT_BYPASS_SENDS);
+  ASSERT_EQ(send(app.get(), "late", 4, MSG_NOSIGNAL), 4);
+  EXPECT_GT(counter(SM_CNT_BYPASS_SENDS), redirected_before) << "the straggler was not redirected";
+
+  auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (!finished && Clock::now() < deadline) usleep(1000);
+  EXPECT_TRUE(finished) << "the relay never noticed the redirected bytes";
+  EXPECT_EQ(error, "bytes redirected after the flow left the bypass");
+  char c = 0;
+  pollfd p{server.get(), POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 2000), 1);
+  errno = 0;
+  EXPECT_EQ(recv(server.get(), &c, 1, 0), -1) << "the server got the late bytes, or a FIN";
+  EXPECT_EQ(errno, ECONNRESET);
+  if (!finished) boost::asio::post(io, [relay] { relay->abort("test over"); });
+  loop.join();
+}
+
 // The proxy's plain relay and its pinning handler together: the relay copies the app's captured
 // connection to a remote server that stops reading; when the relay's write towards it blocks, it
 // stops reading the app, the handler pins the app's flow once, and the app is stopped within the

@@ -20,6 +20,27 @@ constexpr int kBurstSplices = 16;
 constexpr unsigned kSpliceFlags = SPLICE_F_MOVE | SPLICE_F_NONBLOCK;
 
 bool would_block(int err) { return err == EAGAIN || err == EWOULDBLOCK; }
+
+// recvmsg() on a socket with TCP_INQ on; *from_tcp: the bytes (or the end of stream) came from
+// TCP's receive queue. tcp_recvmsg() attaches the hint to what it returns; tcp_bpf's read of the
+// psock queue does not (loader_bypass_pinning_test TheInqHintTellsTcpsQueueFromTheRedirectedBytes).
+ssize_t recv_with_hint(SpliceRelay::Tcp::socket& socket, void* buf, size_t len, int flags,
+                       bool* from_tcp) {
+  iovec iov{buf, len};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n = ::recvmsg(socket.native_handle(), &msg, flags);
+  *from_tcp = false;
+  if (n < 0) return n;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_TCP && c->cmsg_type == TCP_CM_INQ) *from_tcp = true;
+  }
+  return n;
+}
 // What a kernel says when it cannot splice these descriptors at all.
 bool splice_refused(int err) { return err == EINVAL || err == ENOSYS || err == EOPNOTSUPP; }
 
@@ -74,6 +95,7 @@ void SpliceRelay::start(Done done, Progress progress) {
 
 void SpliceRelay::pump_when(Tcp::socket& socket, Tcp::socket::wait_type what, Direction& d,
                             bool a_to_b) {
+  if (what == Tcp::socket::wait_read) d.woken = true;  // until a splice takes bytes
   socket.async_wait(what,
                     [self = shared_from_this(), &d, a_to_b](const boost::system::error_code& e) {
                       if (self->finished_) return;
@@ -125,15 +147,20 @@ void SpliceRelay::pump(Direction& d, bool a_to_b) {
                        kSpliceFlags);
     if (n > 0) {
       d.in_pipe = static_cast<size_t>(n);
+      d.woken = false;
       continue;
     }
     if (n == 0) {
+      if (d.was_drained && redirected_after_drain(d)) return;
       d.eof = true;
       continue;
     }
     int err = errno;
     if (err == EINTR) continue;
     if (would_block(err)) {
+      // Woken as readable, yet TCP's queue is empty: maybe bytes in the psock queue, which splice
+      // cannot read and which would wake every wait from now on.
+      if (d.was_drained && d.woken && redirected_after_drain(d)) return;
       pump_when(*d.from, Tcp::socket::wait_read, d, a_to_b);
       return;
     }
@@ -155,6 +182,21 @@ bool SpliceRelay::nothing_moved() const {
   for (const Direction* d : {&ab_, &ba_}) {
     if (d->bytes != 0 || d->in_pipe != 0 || !d->held.empty()) return false;
   }
+  return true;
+}
+
+bool SpliceRelay::redirected_after_drain(Direction& d) {
+  // tcp_bpf's recvmsg() serves the psock queue first, and without the TCP_INQ hint: a byte read
+  // that way was redirected after the drain ended (an app sending from two threads at once, one
+  // of them past sk_msg's check when the pin landed). It belongs before bytes already spliced:
+  // say so and reset, rather than deliver it out of order or leave it behind.
+  char byte = 0;
+  bool from_tcp = false;
+  ssize_t n = recv_with_hint(*d.from, &byte, 1, MSG_PEEK | MSG_DONTWAIT, &from_tcp);
+  if (n <= 0 || from_tcp) return false;
+  SM_WARN("net") << "splice relay: bytes were redirected into a bypassed socket after its "
+                 << "flow was pinned to the stack; resetting the connection";
+  fail("bytes redirected after the flow left the bypass");
   return true;
 }
 
@@ -184,14 +226,8 @@ bool SpliceRelay::send_held(Direction& d, bool a_to_b) {
 
 bool SpliceRelay::drain_read(Direction& d, bool a_to_b) {
   d.held.resize(pipe_bytes_);
-  iovec iov{d.held.data(), d.held.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  ssize_t n = ::recvmsg(d.from->native_handle(), &msg, MSG_DONTWAIT);
+  bool from_tcp = false;
+  ssize_t n = recv_with_hint(*d.from, d.held.data(), d.held.size(), MSG_DONTWAIT, &from_tcp);
   if (n < 0) {
     std::vector<uint8_t>().swap(d.held);  // an idle relay holds no buffer
     int err = errno;
@@ -203,21 +239,15 @@ bool SpliceRelay::drain_read(Direction& d, bool a_to_b) {
     }
     return false;
   }
-  // tcp_recvmsg() adds the hint to what it returns (data or FIN); tcp_bpf's read of the psock
-  // queue does not. So the first hinted read means the psock queue was empty and TCP's had data:
-  // what the app sends after its pin goes through TCP behind everything it redirected.
-  bool from_tcp = false;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_TCP && c->cmsg_type == TCP_CM_INQ) from_tcp = true;
-  }
+  // The first hinted read means the psock queue was empty and TCP's had data: what the app sends
+  // after its pin goes through TCP behind everything it redirected.
   d.held.resize(static_cast<size_t>(n));
   d.held_sent = 0;
   if (!from_tcp) d.drained += static_cast<uint64_t>(n);
   if (n == 0) d.eof = true;
   if (from_tcp || n == 0) {
     d.draining = false;
-    int off = 0;
-    setsockopt(d.from->native_handle(), IPPROTO_TCP, TCP_INQ, &off, sizeof(off));
+    d.was_drained = true;  // TCP_INQ stays on: redirected_after_drain() tells queues apart by it
     SM_DEBUG("net") << "splice relay: drained " << d.drained
                     << " redirected bytes; splicing from here";
     if (n == 0) std::vector<uint8_t>().swap(d.held);

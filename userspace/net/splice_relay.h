@@ -66,7 +66,14 @@ class SpliceRelay : public std::enable_shared_from_this<SpliceRelay> {
     std::vector<uint8_t> held;
     size_t held_sent = 0;
     uint64_t drained = 0;
+    // Drained, then spliced: a wake that finds TCP's queue empty, and the end of stream, look at
+    // the psock queue once more.
+    bool was_drained = false;
+    bool woken = false;  // a wait for readability ended and no splice has taken bytes since
   };
+  // Whether bytes sit in `d`'s psock queue that were redirected after its drain ended (then the
+  // relay has failed: they belong before bytes already spliced).
+  bool redirected_after_drain(Direction& d);
   // One recvmsg of a draining direction; false when the caller must stop (waiting, or failed).
   bool drain_read(Direction& d, bool a_to_b);
   // Sends d.held on; false when the caller must stop (waiting, or failed).
