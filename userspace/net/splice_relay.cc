@@ -41,6 +41,7 @@ ssize_t recv_with_hint(SpliceRelay::Tcp::socket& socket, void* buf, size_t len, 
   }
   return n;
 }
+
 // What a kernel says when it cannot splice these descriptors at all.
 bool splice_refused(int err) { return err == EINVAL || err == ENOSYS || err == EOPNOTSUPP; }
 
@@ -229,8 +230,8 @@ bool SpliceRelay::drain_read(Direction& d, bool a_to_b) {
   bool from_tcp = false;
   ssize_t n = recv_with_hint(*d.from, d.held.data(), d.held.size(), MSG_DONTWAIT, &from_tcp);
   if (n < 0) {
-    std::vector<uint8_t>().swap(d.held);  // an idle relay holds no buffer
     int err = errno;
+    std::vector<uint8_t>().swap(d.held);  // an idle relay holds no buffer
     if (err == EINTR) return true;
     if (would_block(err)) {
       pump_when(*d.from, Tcp::socket::wait_read, d, a_to_b);
