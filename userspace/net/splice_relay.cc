@@ -8,6 +8,7 @@
 
 #include <boost/asio/post.hpp>
 #include <cerrno>
+#include <chrono>
 
 #include "base/errno_text.h"
 #include "base/log.h"
@@ -18,6 +19,12 @@ namespace {
 // splice calls per turn of one direction before it yields to other work on the worker.
 constexpr int kBurstSplices = 16;
 constexpr unsigned kSpliceFlags = SPLICE_F_MOVE | SPLICE_F_NONBLOCK;
+// How long after a drain ends each splice first looks for a straggler: a send that was past
+// sk_msg's check when the pin landed, still putting bytes into the psock queue. That send is
+// mid-flight (sk_msg's verdict, then the enqueue): microseconds, unless its thread is preempted
+// in between, which on a busy node can last some milliseconds. After the window, a wake that
+// finds TCP's queue empty and the end of stream still look (one recvmsg each).
+constexpr auto kStragglerWindow = std::chrono::milliseconds(100);
 
 bool would_block(int err) { return err == EAGAIN || err == EWOULDBLOCK; }
 
@@ -144,6 +151,15 @@ void SpliceRelay::pump(Direction& d, bool a_to_b) {
       if (!drain_read(d, a_to_b)) return;
       continue;
     }
+    // While a straggler (bytes redirected after the drain) can still arrive, each splice is
+    // preceded by a look at the psock queue, so that nothing behind a straggler goes on.
+    if (d.straggler_watch) {
+      if (std::chrono::steady_clock::now() - d.drain_ended >= kStragglerWindow) {
+        d.straggler_watch = false;
+      } else if (redirected_after_drain(d)) {
+        return;
+      }
+    }
     ssize_t n = splice(d.from->native_handle(), nullptr, d.pipe.write_end, nullptr, pipe_bytes_,
                        kSpliceFlags);
     if (n > 0) {
@@ -159,9 +175,9 @@ void SpliceRelay::pump(Direction& d, bool a_to_b) {
     int err = errno;
     if (err == EINTR) continue;
     if (would_block(err)) {
-      // Woken as readable, yet TCP's queue is empty: maybe bytes in the psock queue, which splice
-      // cannot read and which would wake every wait from now on.
-      if (d.was_drained && d.woken && redirected_after_drain(d)) return;
+      // Past the straggler window: a wake that finds TCP's queue empty looks at the psock queue
+      // (bytes there would end every wait at once).
+      if (d.was_drained && !d.straggler_watch && d.woken && redirected_after_drain(d)) return;
       pump_when(*d.from, Tcp::socket::wait_read, d, a_to_b);
       return;
     }
@@ -249,6 +265,8 @@ bool SpliceRelay::drain_read(Direction& d, bool a_to_b) {
   if (from_tcp || n == 0) {
     d.draining = false;
     d.was_drained = true;  // TCP_INQ stays on: redirected_after_drain() tells queues apart by it
+    d.drain_ended = std::chrono::steady_clock::now();
+    d.straggler_watch = true;
     SM_DEBUG("net") << "splice relay: drained " << d.drained
                     << " redirected bytes; splicing from here";
     if (n == 0) std::vector<uint8_t>().swap(d.held);

@@ -15,6 +15,7 @@
 // Falls back to TcpRelay, transparently, when the kernel refuses splice on these sockets
 // (EINVAL/ENOSYS before any byte moved) or no pipe can be had (e.g. EMFILE).
 #include <boost/asio/ip/tcp.hpp>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,10 +67,12 @@ class SpliceRelay : public std::enable_shared_from_this<SpliceRelay> {
     std::vector<uint8_t> held;
     size_t held_sent = 0;
     uint64_t drained = 0;
-    // Drained, then spliced: a wake that finds TCP's queue empty, and the end of stream, look at
-    // the psock queue once more.
+    // Drained, then spliced: each splice within 100 ms of the drain's end, then a wake that finds
+    // TCP's queue empty, and the end of stream, look at the psock queue once more.
     bool was_drained = false;
     bool woken = false;  // a wait for readability ended and no splice has taken bytes since
+    std::chrono::steady_clock::time_point drain_ended{};
+    bool straggler_watch = false;  // within 100 ms of drain_ended: peek before each splice
   };
   // Whether bytes sit in `d`'s psock queue that were redirected after its drain ended (then the
   // relay has failed: they belong before bytes already spliced).
