@@ -4,8 +4,6 @@
 // (sm_stack_flows), the proxy socket's receive window stops the app within its socket buffers,
 // and the bytes already queued still come first: the stream arrives whole and in order.
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -30,6 +28,7 @@
 #include "loader/maps/counters.h"
 #include "loader/maps/listener_map.h"
 #include "net/relay.h"
+#include "net/sockets.h"
 #include "net/splice_relay.h"
 #include "observe/metrics.h"
 #include "proxy/bypass_pinning.h"
@@ -193,6 +192,18 @@ class StackPinningTest : public ::testing::Test {
   }
 
   uint64_t counter(sm_counter c) { return testing::datapath_counter(install_.root(), c); }
+
+  // The proxy's upstream connection from the pod to a server on the peer's `port` (not a local
+  // hop: never in the bypass), and the server's accepted end.
+  void connect_upstream(uint16_t port, UniqueFd& upstream, UniqueFd& server) {
+    auto listener = testing::listen_in(topo_.peer.path(), Endpoint{topo_.peer_v4, port});
+    ASSERT_TRUE(listener.valid());
+    upstream = testing::connect_in(topo_.pod.path(), Endpoint{topo_.peer_v4, port},
+                                   {.mark = SM_MARK_PROXY_UPSTREAM});
+    ASSERT_TRUE(upstream.valid()) << std::strerror(errno);
+    server = testing::accept_within(listener.get(), 5000);
+    ASSERT_TRUE(server.valid());
+  }
 
   // A spliced connection whose app redirects bytes after the drain (see the tests that use it).
   void straggler_case(std::chrono::milliseconds delay, bool tcp_after, uint16_t port);
@@ -456,9 +467,7 @@ TEST_F(StackPinningTest, TheInqHintTellsTcpsQueueFromTheRedirectedBytes) {
   UniqueFd app, proxy_end;
   maps::FlowKey app_key;
   ASSERT_NO_FATAL_FAILURE(connect_bypassed_app(app, proxy_end, app_key));
-  int on = 1;
-  ASSERT_EQ(setsockopt(proxy_end.get(), IPPROTO_TCP, TCP_INQ, &on, sizeof(on)), 0)
-      << std::strerror(errno);
+  ASSERT_TRUE(net::enable_inq_hint(proxy_end.get())) << std::strerror(errno);
 
   constexpr size_t kRedirected = 6000;
   constexpr size_t kOnStack = 5000;
@@ -477,24 +486,15 @@ TEST_F(StackPinningTest, TheInqHintTellsTcpsQueueFromTheRedirectedBytes) {
   auto deadline = Clock::now() + std::chrono::seconds(5);
   while (got.size() < stream.size() && Clock::now() < deadline) {
     std::vector<uint8_t> buf(64 * 1024);
-    iovec iov{buf.data(), buf.size()};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    ssize_t n = recvmsg(proxy_end.get(), &msg, MSG_DONTWAIT);
+    bool hint = false;
+    ssize_t n =
+        net::recv_with_inq_hint(proxy_end.get(), buf.data(), buf.size(), MSG_DONTWAIT, &hint);
     if (n < 0 && errno == EAGAIN) {
       pollfd p{proxy_end.get(), POLLIN, 0};
       poll(&p, 1, 10);
       continue;
     }
     ASSERT_GT(n, 0) << (n < 0 ? std::strerror(errno) : "EOF");
-    bool hint = false;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level == SOL_TCP && c->cmsg_type == TCP_CM_INQ) hint = true;
-    }
     got.insert(got.end(), buf.begin(), buf.begin() + n);
     hinted.push_back(hint);
     sizes.push_back(static_cast<size_t>(n));
@@ -526,13 +526,8 @@ TEST_F(StackPinningTest, ASplicedPassthroughDrainsWhatWasRedirectedBeforeThePin)
   UniqueFd app, proxy_end;
   maps::FlowKey app_key;
   ASSERT_NO_FATAL_FAILURE(connect_bypassed_app(app, proxy_end, app_key));
-  auto server_listener = testing::listen_in(topo_.peer.path(), Endpoint{topo_.peer_v4, 9091});
-  ASSERT_TRUE(server_listener.valid());
-  auto upstream = testing::connect_in(topo_.pod.path(), Endpoint{topo_.peer_v4, 9091},
-                                      {.mark = SM_MARK_PROXY_UPSTREAM});
-  ASSERT_TRUE(upstream.valid()) << std::strerror(errno);
-  auto server = testing::accept_within(server_listener.get(), 5000);
-  ASSERT_TRUE(server.valid());
+  UniqueFd upstream, server;
+  ASSERT_NO_FATAL_FAILURE(connect_upstream(9091, upstream, server));
 
   observe::Registry metrics;
   proxy::BypassPinning pinning(install_.root(), metrics);
@@ -607,13 +602,8 @@ void StackPinningTest::straggler_case(std::chrono::milliseconds delay, bool tcp_
   UniqueFd app, proxy_end;
   maps::FlowKey app_key;
   ASSERT_NO_FATAL_FAILURE(connect_bypassed_app(app, proxy_end, app_key));
-  auto server_listener = testing::listen_in(topo_.peer.path(), Endpoint{topo_.peer_v4, port});
-  ASSERT_TRUE(server_listener.valid());
-  auto upstream = testing::connect_in(topo_.pod.path(), Endpoint{topo_.peer_v4, port},
-                                      {.mark = SM_MARK_PROXY_UPSTREAM});
-  ASSERT_TRUE(upstream.valid()) << std::strerror(errno);
-  auto server = testing::accept_within(server_listener.get(), 5000);
-  ASSERT_TRUE(server.valid());
+  UniqueFd upstream, server;
+  ASSERT_NO_FATAL_FAILURE(connect_upstream(port, upstream, server));
   observe::Registry metrics;
   proxy::BypassPinning pinning(install_.root(), metrics);
   auto exit = pinning.exit_handler(proxy_end.get());
@@ -702,13 +692,8 @@ TEST_F(StackPinningTest, BytesRedirectedLateWakeTheRelayAndResetTheSplicedConnec
 TEST_F(StackPinningTest, TheRelayPinsTheAppFlowWhenItsUpstreamStalls) {
   UniqueFd app, proxy_end;
   ASSERT_NO_FATAL_FAILURE(connect_app(app, proxy_end));
-  auto server_listener = testing::listen_in(topo_.peer.path(), Endpoint{topo_.peer_v4, 9090});
-  ASSERT_TRUE(server_listener.valid());
-  auto upstream = testing::connect_in(topo_.pod.path(), Endpoint{topo_.peer_v4, 9090},
-                                      {.mark = SM_MARK_PROXY_UPSTREAM});
-  ASSERT_TRUE(upstream.valid()) << std::strerror(errno);
-  auto server = testing::accept_within(server_listener.get(), 5000);
-  ASSERT_TRUE(server.valid());
+  UniqueFd upstream, server;
+  ASSERT_NO_FATAL_FAILURE(connect_upstream(9090, upstream, server));
   auto app_key = maps::app_flow_of_proxy_socket(proxy_end.get());
   ASSERT_TRUE(app_key);
 

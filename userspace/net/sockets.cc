@@ -197,6 +197,28 @@ size_t unread_bytes(Tcp::socket& socket) {
   return static_cast<size_t>(n);
 }
 
+bool enable_inq_hint(int fd) {
+  int on = 1;
+  return setsockopt(fd, IPPROTO_TCP, TCP_INQ, &on, sizeof(on)) == 0;
+}
+
+ssize_t recv_with_inq_hint(int fd, void* buf, size_t len, int flags, bool* from_tcp) {
+  iovec iov{buf, len};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t n = ::recvmsg(fd, &msg, flags);
+  *from_tcp = false;
+  if (n < 0) return n;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_TCP && c->cmsg_type == TCP_CM_INQ) *from_tcp = true;
+  }
+  return n;
+}
+
 void set_nodelay(Tcp::socket& socket) {
   boost::system::error_code ec;
   socket.set_option(Tcp::no_delay(true), ec);

@@ -56,6 +56,14 @@ std::optional<std::string> prepare_dial(Tcp::socket& socket, const Endpoint& des
 // the sockmap queue (what the peer's sends were redirected into); 0 when it cannot tell.
 size_t unread_bytes(Tcp::socket& socket);
 
+// Tells a bypassed socket's two receive queues apart. With TCP_INQ on (enable_inq_hint),
+// tcp_recvmsg() attaches its hint to what it returns; tcp_bpf's read of the psock queue (bytes
+// sk_msg redirected) does not, and it serves that queue first (loader_bypass_pinning_test,
+// TheInqHintTellsTcpsQueueFromTheRedirectedBytes). Returns recvmsg()'s result; *from_tcp: the
+// bytes (or the end of stream) came from TCP's receive queue.
+bool enable_inq_hint(int fd);
+ssize_t recv_with_inq_hint(int fd, void* buf, size_t len, int flags, bool* from_tcp);
+
 // How far a relay's reading may fall behind a bypassed peer before the relay treats it as a pause
 // (see TcpRelay::on_read_paused): redirected bytes are otherwise queued without limit.
 inline constexpr size_t kMaxUnreadBeforePause = size_t{1} << 20;

@@ -1,8 +1,6 @@
 #include "net/splice_relay.h"
 
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -27,27 +25,6 @@ constexpr unsigned kSpliceFlags = SPLICE_F_MOVE | SPLICE_F_NONBLOCK;
 constexpr auto kStragglerWindow = std::chrono::milliseconds(100);
 
 bool would_block(int err) { return err == EAGAIN || err == EWOULDBLOCK; }
-
-// recvmsg() on a socket with TCP_INQ on; *from_tcp: the bytes (or the end of stream) came from
-// TCP's receive queue. tcp_recvmsg() attaches the hint to what it returns; tcp_bpf's read of the
-// psock queue does not (loader_bypass_pinning_test TheInqHintTellsTcpsQueueFromTheRedirectedBytes).
-ssize_t recv_with_hint(SpliceRelay::Tcp::socket& socket, void* buf, size_t len, int flags,
-                       bool* from_tcp) {
-  iovec iov{buf, len};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  ssize_t n = ::recvmsg(socket.native_handle(), &msg, flags);
-  *from_tcp = false;
-  if (n < 0) return n;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_TCP && c->cmsg_type == TCP_CM_INQ) *from_tcp = true;
-  }
-  return n;
-}
 
 // What a kernel says when it cannot splice these descriptors at all.
 bool splice_refused(int err) { return err == EINVAL || err == ENOSYS || err == EOPNOTSUPP; }
@@ -89,8 +66,7 @@ void SpliceRelay::start(Done done, Progress progress) {
   b_.non_blocking(true, ec);
   for (Direction* d : {&ab_, &ba_}) {
     if (!d->draining) continue;
-    int on = 1;
-    if (setsockopt(d->from->native_handle(), IPPROTO_TCP, TCP_INQ, &on, sizeof(on)) != 0) {
+    if (!enable_inq_hint(d->from->native_handle())) {
       // Without the hint the end of the psock queue cannot be told: copy for good (correct, and
       // what the relay did for every bypassed socket before).
       SM_WARN("net") << "splice relay: " << errno_text("setsockopt(TCP_INQ)")
@@ -153,9 +129,9 @@ void SpliceRelay::pump(Direction& d, bool a_to_b) {
     }
     // While a straggler (bytes redirected after the drain) can still arrive, each splice is
     // preceded by a look at the psock queue, so that nothing behind a straggler goes on.
-    if (d.straggler_watch) {
-      if (std::chrono::steady_clock::now() - d.drain_ended >= kStragglerWindow) {
-        d.straggler_watch = false;
+    if (d.watch_until) {
+      if (std::chrono::steady_clock::now() >= *d.watch_until) {
+        d.watch_until.reset();
       } else if (redirected_after_drain(d)) {
         return;
       }
@@ -177,7 +153,7 @@ void SpliceRelay::pump(Direction& d, bool a_to_b) {
     if (would_block(err)) {
       // Past the straggler window: a wake that finds TCP's queue empty looks at the psock queue
       // (bytes there would end every wait at once).
-      if (d.was_drained && !d.straggler_watch && d.woken && redirected_after_drain(d)) return;
+      if (d.was_drained && !d.watch_until && d.woken && redirected_after_drain(d)) return;
       pump_when(*d.from, Tcp::socket::wait_read, d, a_to_b);
       return;
     }
@@ -209,7 +185,8 @@ bool SpliceRelay::redirected_after_drain(Direction& d) {
   // say so and reset, rather than deliver it out of order or leave it behind.
   char byte = 0;
   bool from_tcp = false;
-  ssize_t n = recv_with_hint(*d.from, &byte, 1, MSG_PEEK | MSG_DONTWAIT, &from_tcp);
+  ssize_t n =
+      recv_with_inq_hint(d.from->native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT, &from_tcp);
   if (n <= 0 || from_tcp) return false;
   SM_WARN("net") << "splice relay: bytes were redirected into a bypassed socket after its "
                  << "flow was pinned to the stack; resetting the connection";
@@ -227,7 +204,7 @@ bool SpliceRelay::send_held(Direction& d, bool a_to_b) {
     if (d.held_sent == d.held.size()) {
       d.held_sent = 0;
       d.held.clear();
-      if (!d.draining) std::vector<uint8_t>().swap(d.held);  // drained: splice from now on
+      if (!d.draining) Bytes().swap(d.held);  // drained: splice from now on
     }
     return true;
   }
@@ -244,10 +221,11 @@ bool SpliceRelay::send_held(Direction& d, bool a_to_b) {
 bool SpliceRelay::drain_read(Direction& d, bool a_to_b) {
   d.held.resize(pipe_bytes_);
   bool from_tcp = false;
-  ssize_t n = recv_with_hint(*d.from, d.held.data(), d.held.size(), MSG_DONTWAIT, &from_tcp);
+  ssize_t n = recv_with_inq_hint(d.from->native_handle(), d.held.data(), d.held.size(),
+                                 MSG_DONTWAIT, &from_tcp);
   if (n < 0) {
     int err = errno;
-    std::vector<uint8_t>().swap(d.held);  // an idle relay holds no buffer
+    Bytes().swap(d.held);  // an idle relay holds no buffer
     if (err == EINTR) return true;
     if (would_block(err)) {
       pump_when(*d.from, Tcp::socket::wait_read, d, a_to_b);
@@ -265,11 +243,10 @@ bool SpliceRelay::drain_read(Direction& d, bool a_to_b) {
   if (from_tcp || n == 0) {
     d.draining = false;
     d.was_drained = true;  // TCP_INQ stays on: redirected_after_drain() tells queues apart by it
-    d.drain_ended = std::chrono::steady_clock::now();
-    d.straggler_watch = true;
+    d.watch_until = std::chrono::steady_clock::now() + kStragglerWindow;
     SM_DEBUG("net") << "splice relay: drained " << d.drained
                     << " redirected bytes; splicing from here";
-    if (n == 0) std::vector<uint8_t>().swap(d.held);
+    if (n == 0) Bytes().swap(d.held);
   }
   return true;
 }

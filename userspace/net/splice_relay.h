@@ -17,9 +17,10 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
-#include <vector>
 
+#include "base/bytes.h"
 #include "net/relay.h"
 
 namespace sockmesh::net {
@@ -64,15 +65,15 @@ class SpliceRelay : public std::enable_shared_from_this<SpliceRelay> {
     // Draining (drain_redirected_first): `from` is read by recvmsg into `held`, which is sent on
     // before anything else; freed once the direction splices.
     bool draining = false;
-    std::vector<uint8_t> held;
+    Bytes held;  // resized for each read without zeroing
     size_t held_sent = 0;
     uint64_t drained = 0;
     // Drained, then spliced: each splice within 100 ms of the drain's end, then a wake that finds
     // TCP's queue empty, and the end of stream, look at the psock queue once more.
     bool was_drained = false;
     bool woken = false;  // a wait for readability ended and no splice has taken bytes since
-    std::chrono::steady_clock::time_point drain_ended{};
-    bool straggler_watch = false;  // within 100 ms of drain_ended: peek before each splice
+    // Until when each splice peeks first (100 ms after the drain's end); empty once past.
+    std::optional<std::chrono::steady_clock::time_point> watch_until;
   };
   // Whether bytes sit in `d`'s psock queue that were redirected after its drain ended (then the
   // relay has failed: they belong before bytes already spliced).

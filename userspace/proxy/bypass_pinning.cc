@@ -94,6 +94,18 @@ std::shared_ptr<const maps::BypassFlows> BypassPinning::flows() {
   return flows_;
 }
 
+BypassPinning::ExitFacts BypassPinning::ExitCounters::facts(BypassExitReason why) const {
+  switch (why) {
+    case BypassExitReason::kReadPaused:
+      return {pinned, "reading paused", "this flow keeps queueing without flow control"};
+    case BypassExitReason::kTwoWay:
+      return {two_way, "request and response", "this flow keeps its own ACK per message"};
+    case BypassExitReason::kSplice:
+      break;
+  }
+  return {spliced, "relayed by splice", "this flow is copied, not spliced"};
+}
+
 BypassExit BypassPinning::exit_handler(int fd) {
   auto map = flows();
   if (!map) return nullptr;
@@ -103,37 +115,26 @@ BypassExit BypassPinning::exit_handler(int fd) {
     return nullptr;
   }
   if (!map->bypassed(*own)) return nullptr;
-  return [map, app = own->reversed(), pinned = &pinned_, two_way = &two_way_, spliced = &spliced_,
-          failures = &pin_failures_, release_failures = &release_failures_, done = false,
+  // The handler may outlive this object (a relay's last handler); the counters are the registry's.
+  ExitCounters counters{&pinned_, &two_way_, &spliced_, &pin_failures_, &release_failures_};
+  return [counters, map, app = own->reversed(), done = false,
           on_stack = false](BypassExitReason why) mutable {
     if (done) return on_stack;
     done = true;  // a pinned flow stays pinned: once is enough, and a failure is not retried
+    const ExitFacts facts = counters.facts(why);
     if (auto s = map->pin_to_stack(app); !s) {
-      count_refusal(*failures, pin_refusal_warned, s.error().message,
-                    why == BypassExitReason::kReadPaused
-                        ? "this flow keeps queueing without flow control"
-                    : why == BypassExitReason::kTwoWay ? "this flow keeps its own ACK per message"
-                                                       : "this flow is copied, not spliced");
+      count_refusal(*counters.pin_failures, pin_refusal_warned, s.error().message, facts.unpinned);
       return false;
     }
     on_stack = true;
-    const char* what = "request and response";
-    observe::Counter* counter = two_way;
-    if (why == BypassExitReason::kReadPaused) {
-      what = "reading paused";
-      counter = pinned;
-    } else if (why == BypassExitReason::kSplice) {
-      what = "relayed by splice";
-      counter = spliced;
-    }
-    counter->inc();
+    facts.counter->inc();
     // The flow will not come back to the redirect, so the app's socket leaves sm_bypass: its
     // receive path is TCP's again (see BypassFlows::release_app_socket for why that matters).
     if (auto s = map->release_app_socket(app); !s) {
-      count_refusal(*release_failures, release_refusal_warned, s.error().message,
+      count_refusal(*counters.release_failures, release_refusal_warned, s.error().message,
                     "the app's socket keeps sockmap's receive path");
     }
-    SM_DEBUG("proxy") << "bypass: " << what << ", app flow " << app.to_string()
+    SM_DEBUG("proxy") << "bypass: " << facts.what << ", app flow " << app.to_string()
                       << " pinned to the TCP stack and its socket out of the bypass";
     return true;
   };

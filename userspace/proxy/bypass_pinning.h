@@ -61,6 +61,20 @@ class BypassPinning {
 
  private:
   std::shared_ptr<const maps::BypassFlows> flows();
+  // Per reason: its counter, what the debug log says, and what a refused pin costs.
+  struct ExitFacts {
+    observe::Counter* counter;
+    const char* what;
+    const char* unpinned;
+  };
+  struct ExitCounters {
+    observe::Counter* pinned;
+    observe::Counter* two_way;
+    observe::Counter* spliced;
+    observe::Counter* pin_failures;
+    observe::Counter* release_failures;
+    ExitFacts facts(BypassExitReason why) const;
+  };
 
   const std::string pin_root_;
   const std::chrono::milliseconds retry_;
