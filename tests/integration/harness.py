@@ -97,11 +97,13 @@ class ProxyNode:
         if socks5:
             self.args += ["--socks5", socks5]
         self.args += list(extra)
+        self.env = {}  # environment variables added to this process's (ztunnel's names)
         self.proc = None
 
     def start(self, wait=True):
         self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=dict(os.environ, **self.env))
         if wait:
             self.wait_ready()
         return self
@@ -411,7 +413,7 @@ class TwoNodeMesh:
     Addresses in one 127.x.y block: .10 client, .20 server, .30 VIP, .1/.2 admin of A/B."""
 
     def __init__(self, policies="", server_sa="server", server_sa_seen_by_a=None, extra_a=(),
-                 extra_b=(), extra_workloads=""):
+                 extra_b=(), extra_workloads="", env_a=None):
         self.block = address_block()
         b = self.block
         self.client_ip, self.server_ip, self.vip = b + ".10", b + ".20", b + ".30"
@@ -428,6 +430,7 @@ class TwoNodeMesh:
         self.a = ProxyNode("node-a", self.config_a, self.state_dir, b + ".1", self.tmp.path,
                            socks5="%s:15080" % (b + ".1"),
                            extra=["--socks5-clients", "%s=c1" % self.client_ip] + list(extra_a))
+        self.a.env = dict(env_a or {})
         self.b = ProxyNode("node-b", self.config_b, self.state_dir, b + ".2", self.tmp.path,
                            extra=extra_b)
 

@@ -42,6 +42,34 @@ class MeshTest(unittest.TestCase):
         return harness.read_line(s)
 
 
+class PoolLimitTest(MeshTest):
+    # ztunnel's variable for the pool's streams per connection; one worker, so that one pool
+    # sees every stream.
+    mesh_args = {"extra_a": ["--workers", "1"],
+                 "env_a": {"POOL_MAX_STREAMS_PER_CONNECTION": "3"}}
+
+    def test_a_full_connection_makes_the_pool_open_another(self):
+        held = []
+        try:
+            for _ in range(7):  # held open together: 3 + 3 + 1 streams
+                s, rep = self.mesh.connect()
+                self.assertEqual(rep, 0)
+                self.whoami(s)
+                held.append(s)
+            self.assertEqual(self.mesh.a.metric_sum("sockmesh_pool_connections_opened_total"), 3)
+            for s in held:
+                self.assertTrue(transfer_and_check(s, os.urandom(70000)))
+        finally:
+            for s in held:
+                s.close()
+        # Room freed by closed streams is used again: no fourth connection.
+        s, rep = self.mesh.connect()
+        self.assertEqual(rep, 0)
+        self.whoami(s)
+        s.close()
+        self.assertEqual(self.mesh.a.metric_sum("sockmesh_pool_connections_opened_total"), 3)
+
+
 class TunnelTest(MeshTest):
     def test_direct_and_vip_reach_server_with_client_ip(self):
         for dst, port in ((self.mesh.server_ip, 8080), (self.mesh.vip, 80)):

@@ -310,6 +310,16 @@ const std::map<std::string, std::pair<Setter, const char*>>& flags() {
                         }, "sockmesh's pinned maps: identities of enrolled pods, in-pod listeners (default " SM_PIN_ROOT_DEFAULT "; 'off')"}},
       {"drain-timeout-ms", {millis(&proxy::ProxyConfig::drain_timeout), "how long SIGTERM waits for connections (default 5000)"}},
       {"pool-idle-timeout-ms", {millis(&proxy::ProxyConfig::pool_idle_timeout), "idle pooled HBONE connections close after this (default 30000)"}},
+      {"pool-max-streams-per-connection",
+       {[](const std::string& v, Options* o) -> std::optional<std::string> {
+          long long n = 0;  // 0 would leave the pool no connection it may use
+          if (auto e = parse_int(v, 1, 65535, &n)) return e;
+          o->proxy.max_streams_per_connection = static_cast<uint32_t>(n);
+          return std::nullopt;
+        },
+        "CONNECT streams one pooled HBONE connection carries at once; one more opens another "
+        "connection (default 100, as ztunnel; the peer's SETTINGS_MAX_CONCURRENT_STREAMS may "
+        "lower it)"}},
       {"hbone-idle-timeout-ms", {millis(&proxy::ProxyConfig::hbone_idle_timeout), "an inbound HBONE connection with no stream closes after this (default 300000, as ztunnel's pool; 0 = never)"}},
       {"hbone-max-connections", {count(&proxy::ProxyConfig::hbone_max_connections), "inbound HBONE connections held at once; more are closed at accept (default 16384; 0 = no cap)"}},
       {"hbone-max-connections-per-source", {count(&proxy::ProxyConfig::hbone_max_connections_per_source), "inbound HBONE connections from one source IP (default 2048; 0 = no cap)"}},
@@ -355,6 +365,7 @@ const std::map<std::string, std::string>& ztunnel_env() {
       {"node", "NODE_NAME"},              {"pod-name", "POD_NAME"},
       {"pod-namespace", "POD_NAMESPACE"}, {"instance-ip", "INSTANCE_IP"},
       {"config", "LOCAL_XDS_PATH"},
+      {"pool-max-streams-per-connection", "POOL_MAX_STREAMS_PER_CONNECTION"},
       // ztunnel reads DNS_CAPTURE from its proxy metadata, i.e. ISTIO_META_DNS_CAPTURE.
       {"dns-proxy", "ISTIO_META_DNS_CAPTURE"},
   };

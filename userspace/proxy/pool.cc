@@ -71,7 +71,8 @@ std::shared_ptr<h2::H2Connection> HbonePool::find_usable(const PoolKey& key) {
   auto it = conns_.find(key);
   if (it == conns_.end()) return nullptr;
   for (auto& c : it->second) {
-    if (c->usable() && c->active_streams() < c->stream_limit()) return c;
+    size_t limit = std::min<size_t>(c->stream_limit(), ctx_.config.max_streams_per_connection);
+    if (c->usable() && c->active_streams() < limit) return c;
   }
   return nullptr;
 }

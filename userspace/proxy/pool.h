@@ -5,7 +5,9 @@
 // the same set of acceptable server identities (the workload's plus a service's SANs: two
 // services in front of one workload may accept different identities, and a connection verified
 // for one proves nothing for the other; ztunnel keys its pool the same way). Up to
-// max_streams_per_connection streams share one connection; a full one makes the pool open another.
+// max_streams_per_connection streams (--pool-max-streams-per-connection, ztunnel's
+// POOL_MAX_STREAMS_PER_CONNECTION; the peer's SETTINGS_MAX_CONCURRENT_STREAMS may set fewer)
+// share one connection; a full one makes the pool open another.
 #include <boost/asio/steady_timer.hpp>
 #include <functional>
 #include <memory>

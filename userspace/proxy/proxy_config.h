@@ -105,6 +105,7 @@ struct ProxyConfig {
   std::chrono::milliseconds pool_idle_timeout{30000};
   std::chrono::milliseconds connect_timeout{5000};
   std::chrono::milliseconds handshake_timeout{10000};
+  // CONNECT streams one pooled HBONE connection carries at once (ztunnel's default).
   uint32_t max_streams_per_connection = 100;
   // HBONE (15008) connections held at once, in total and from one source IP; checked at accept,
   // before the TLS handshake. 0: no limit.

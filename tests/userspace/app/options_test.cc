@@ -107,6 +107,33 @@ TEST(OptionsTest, CaSettingsDefaults) {
   EXPECT_EQ(o.proxy.ca_max_requests, 8u);
 }
 
+TEST(OptionsTest, PoolMaxStreamsPerConnectionAsZtunnel) {
+  Options d;
+  ASSERT_EQ(parse_options({}, &d), std::nullopt);
+  EXPECT_EQ(d.proxy.max_streams_per_connection, 100u);
+  {
+    ScopedEnv z("POOL_MAX_STREAMS_PER_CONNECTION", "8");
+    Options o;
+    ASSERT_EQ(parse_options({}, &o), std::nullopt);
+    EXPECT_EQ(o.proxy.max_streams_per_connection, 8u);
+  }
+  Options f;
+  ASSERT_EQ(parse_options({"--pool-max-streams-per-connection", "1"}, &f), std::nullopt);
+  EXPECT_EQ(f.proxy.max_streams_per_connection, 1u);
+  // No stream could use a pooled connection with 0; a u16 in ztunnel.
+  for (const char* bad : {"0", "65536", "x"}) {
+    Options o;
+    auto err = parse_options({"--pool-max-streams-per-connection", bad}, &o);
+    ASSERT_TRUE(err.has_value()) << bad;
+    EXPECT_NE(err->find("pool-max-streams-per-connection"), std::string::npos) << *err;
+  }
+  ScopedEnv z("POOL_MAX_STREAMS_PER_CONNECTION", "0");
+  Options e;
+  auto err = parse_options({}, &e);
+  ASSERT_TRUE(err.has_value());
+  EXPECT_NE(err->find("POOL_MAX_STREAMS_PER_CONNECTION"), std::string::npos) << *err;
+}
+
 TEST(OptionsTest, SecretTtlTakesIstioDurations) {
   for (auto [text, seconds] :
        {std::pair{"20s", 20}, {"24h", 86400}, {"1h30m", 5400}, {"90", 90}, {"2m", 120}}) {
