@@ -366,6 +366,7 @@ const std::map<std::string, std::string>& ztunnel_env() {
       {"pod-namespace", "POD_NAMESPACE"}, {"instance-ip", "INSTANCE_IP"},
       {"config", "LOCAL_XDS_PATH"},
       {"pool-max-streams-per-connection", "POOL_MAX_STREAMS_PER_CONNECTION"},
+      {"workers", "ZTUNNEL_WORKER_THREADS"},
       // ztunnel reads DNS_CAPTURE from its proxy metadata, i.e. ISTIO_META_DNS_CAPTURE.
       {"dns-proxy", "ISTIO_META_DNS_CAPTURE"},
   };

@@ -107,6 +107,19 @@ TEST(OptionsTest, CaSettingsDefaults) {
   EXPECT_EQ(o.proxy.ca_max_requests, 8u);
 }
 
+TEST(OptionsTest, WorkerThreadsFromZtunnelsVariable) {
+  Options d;
+  ASSERT_EQ(parse_options({}, &d), std::nullopt);
+  EXPECT_EQ(d.proxy.workers, 0) << "0: the proxy sizes it from the cores";
+  ScopedEnv z("ZTUNNEL_WORKER_THREADS", "1");
+  Options o;
+  ASSERT_EQ(parse_options({}, &o), std::nullopt);
+  EXPECT_EQ(o.proxy.workers, 1);
+  Options f;
+  ASSERT_EQ(parse_options({"--workers", "3"}, &f), std::nullopt);
+  EXPECT_EQ(f.proxy.workers, 3) << "the flag wins";
+}
+
 TEST(OptionsTest, PoolMaxStreamsPerConnectionAsZtunnel) {
   Options d;
   ASSERT_EQ(parse_options({}, &d), std::nullopt);
