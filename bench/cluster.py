@@ -92,6 +92,7 @@ PATHS = [
     ("nofast", "(2f) as (2), --same-node-fast-path false"),
     ("nosrcip", "(2n) as (2), --preserve-source-ip false"),
     ("appmtu", "(2m) as (2), --no-app-route: the apps' sockets keep eth0's MTU and tc's bounce"),
+    ("oneworker", "(2w) as (2), --workers 1: one thread per proxy, as each floor relay has"),
     ("nobypass", "(3) sockmesh: tc, no bypass"),
     ("iptables", "(4) sockmesh fed by iptables REDIRECT"),
     ("passthrough", "(5) passthrough: mesh client pod → pod not in the mesh"),
@@ -141,12 +142,13 @@ FIRST_BYTE_ROWS = [
 ]
 # Proxy and agent flags of the clusters that differ from (2) by one flag.
 PROXY_FLAGS = {"nofast": ["--same-node-fast-path", "false"],
-               "nosrcip": ["--preserve-source-ip", "false"]}
+               "nosrcip": ["--preserve-source-ip", "false"],
+               "oneworker": ["--workers", "1"]}
 AGENT_FLAGS = {"appmtu": ["--no-app-route"]}
 # The clusters the loader's tc programs serve: their counters and their proxies' RSS are reported,
 # the baseline build's too, so that an A/B run shows which way each build's packets went.
-TC_CLUSTER_PATHS = ("bypass", "nofast", "nosrcip", "appmtu", "nobypass", "iptables", "basebypass",
-                    "basenobypass")
+TC_CLUSTER_PATHS = ("bypass", "nofast", "nosrcip", "appmtu", "oneworker", "nobypass", "iptables",
+                    "basebypass", "basenobypass")
 # The passthrough rows and the cluster each runs on: (5) with the sockmap bypass (the app's socket
 # is bypassed; the proxy pins its flow back to the stack, then splices), (5s) without it (the
 # proxy splices from the start), and their baseline rows on the baseline's clusters.
@@ -360,7 +362,7 @@ class ClusterBench:
     def setup(self):
         o = self.o
         specs = [("bypass", True), ("nofast", True), ("nosrcip", True), ("appmtu", True),
-                 ("nobypass", False),
+                 ("oneworker", True), ("nobypass", False),
                  ("iptables", False),
                  ("basebypass", True), ("basenobypass", False)]
         # (5) runs on (2)'s cluster, (5s) on (3)'s, (f) and (t) on the pods of (1) (the cluster
@@ -427,7 +429,7 @@ class ClusterBench:
                 for topo, server in (("cross", cross), ("same", same)):
                     # (2f) differs from (2) on the same node only.
                     if topo in o.topologies and (key != "nofast" or topo == "same") and \
-                            (key not in ("nosrcip", "appmtu") or topo == "cross") and \
+                            (key not in ("nosrcip", "appmtu", "oneworker") or topo == "cross") and \
                             key in o.paths:
                         self.combos.append(Combo(key, topo, c, client, server))
                 if key == "nomesh" and "ptfloor" in o.paths:
@@ -976,6 +978,22 @@ class ClusterBench:
                          m["tp1"], v["tp1"], m["p50"], v["p50"],
                          "" if t is None else " (2m) against (t): CPU s/GB %.2f×." % (
                              m["cpu_per_gb"] / t["cpu_per_gb"])))
+        w = s.get("oneworker/cross")
+        if v is not None and w is not None:
+            L.append("- (2w) → (2), what the proxies' second worker thread costs across nodes on "
+                     "this machine's CPUs (the floor relays have one thread each): CPU s/GB %.2f → "
+                     "%.2f ((2) over (2w) %s); by throughput run 1 stream %.2f → %.2f, %d streams "
+                     "%.2f → %.2f; throughput 1 stream %.2f → %.2f, %d streams %.2f → %.2f Gbit/s; "
+                     "RTT p50 %.1f → %.1f µs.%s" % (
+                         w["cpu_per_gb"], v["cpu_per_gb"], rep_ratios(v, w), w["cpu_per_gb_1"],
+                         v["cpu_per_gb_1"], self.o.streams, w["cpu_per_gb_n"], v["cpu_per_gb_n"],
+                         w["tp1"], v["tp1"], self.o.streams, w["tp8"], v["tp8"], w["p50"],
+                         v["p50"],
+                         "" if t is None else " (2w) against (t): CPU s/GB %.2f× (1 stream "
+                         "%.2f×, %d streams %.2f×)." % (
+                             w["cpu_per_gb"] / t["cpu_per_gb"],
+                             w["cpu_per_gb_1"] / t["cpu_per_gb_1"], self.o.streams,
+                             w["cpu_per_gb_n"] / t["cpu_per_gb_n"])))
         f = s.get("floor/cross")
         if f is not None and t is not None:
             L.append("- (f) → (t), what mTLS 1.3 alone costs across nodes: RTT p50 %+.1f µs, CPU "
@@ -984,10 +1002,12 @@ class ClusterBench:
         if h is not None and t is not None:
             L.append("- (t) → (th), what HBONE's HTTP/2 framing adds to mTLS at its least (nghttp2, "
                      "no proxy around it): RTT p50 %+.1f µs, CPU s/GB %.2f → %.2f (%+.0f%%; "
-                     "(th) over (t) %s), 1 stream %.2f → %.2f Gbit/s." % (
+                     "(th) over (t) %s; by throughput run 1 stream %.2f → %.2f, %d streams %.2f → "
+                     "%.2f), 1 stream %.2f → %.2f Gbit/s." % (
                          h["p50"] - t["p50"], t["cpu_per_gb"], h["cpu_per_gb"],
                          100 * (h["cpu_per_gb"] / t["cpu_per_gb"] - 1), rep_ratios(h, t),
-                         t["tp1"], h["tp1"]))
+                         t["cpu_per_gb_1"], h["cpu_per_gb_1"], self.o.streams, t["cpu_per_gb_n"],
+                         h["cpu_per_gb_n"], t["tp1"], h["tp1"]))
         a = s.get("h2asio/cross")
         if h is not None and a is not None:
             L.append("- (th) → (ta), what an event loop like the proxy's (Boost.Asio's reactor, a "
@@ -1004,7 +1024,8 @@ class ClusterBench:
                              v["p50"] - a["p50"], rep_gaps(v, a)[0], a["p50"] - t["p50"],
                              rep_gaps(a, t)[0]))
         if h is not None:
-            for key, label in (("bypass", "(2)"), ("nosrcip", "(2n)"), ("appmtu", "(2m)")):
+            for key, label in (("bypass", "(2)"), ("nosrcip", "(2n)"), ("appmtu", "(2m)"),
+                               ("oneworker", "(2w)")):
                 x = s.get(key + "/cross")
                 if x is None:
                     continue
@@ -1046,7 +1067,7 @@ class ClusterBench:
         topos = [t for t in TOPOLOGIES if any(x.topo == t[0] for x in self.combos)]
         paths = [p for p in PATHS if any(x.path == p[0] for x in self.combos)]
         colours = {"nomesh": "#8c8c8c", "bypass": "#2ca02c", "nofast": "#ff7f0e", "nosrcip": "#bcbd22",
-                   "appmtu": "#8c564b", "nobypass": "#1f77b4",
+                   "appmtu": "#8c564b", "oneworker": "#e377c2", "nobypass": "#1f77b4",
                    "iptables": "#d62728", "passthrough": "#9467bd", "ptsplice": "#c5b0d5", "ptfloor": "#e7e7e7", "floor": "#c7c7c7",
                    "tlsfloor": "#17becf", "h2floor": "#9edae5", "h2asio": "#c7c7c7", "basebypass": "#98df8a", "basenobypass": "#aec7e8",
                    "basepassthrough": "#dbdb8d", "baseptsplice": "#f7b6d2"}
@@ -1148,10 +1169,11 @@ def parse_args(argv):
     ap = bench_arguments(__doc__, ROOT, "smaller transfers and fewer round trips (about 2 min)",
                          "repetitions (default 3)", "MiB for the 1-stream run (8 streams: twice)")
     ap.add_argument("--paths",
-                    default="nomesh,bypass,nofast,nosrcip,appmtu,nobypass,iptables,passthrough,"
+                    default="nomesh,bypass,nofast,nosrcip,appmtu,oneworker,nobypass,iptables,"
+                    "passthrough,"
                     "ptsplice,ptfloor,floor,tlsfloor,h2floor,h2asio",
-                    help="comma list of: nomesh, bypass, nofast (same node only), nosrcip and "
-                    "appmtu (across nodes only), nobypass, "
+                    help="comma list of: nomesh, bypass, nofast (same node only), nosrcip, "
+                    "appmtu and oneworker (across nodes only), nobypass, "
                     "iptables, passthrough, ptsplice, ptfloor, floor, tlsfloor, h2floor and h2asio "
                     "(the last four across nodes only)")
     ap.add_argument("--topologies", default="cross,same", help="comma list of: cross, same")
