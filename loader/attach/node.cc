@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -47,13 +48,17 @@ std::string hex(const uint8_t* bytes, size_t n) {
   return out;
 }
 
-// What makes two loaded programs the same: their instructions (the tag) and their knobs (the
-// content of their .rodata map, which the tag does not cover).
+// What makes two loaded programs the same: their instructions (the tag), their knobs (the
+// content of their .rodata map) and the pinned maps they use (a map replaced by an install,
+// map_upgrade.h), none of which the tag covers.
 struct ProgramIdentity {
   uint32_t id = 0;
   std::string tag;
   std::string rodata;
-  bool operator==(const ProgramIdentity& o) const { return tag == o.tag && rodata == o.rodata; }
+  std::vector<uint32_t> maps;  // ids of the maps that are not the object's own (.rodata, .bss)
+  bool operator==(const ProgramIdentity& o) const {
+    return tag == o.tag && rodata == o.rodata && maps == o.maps;
+  }
 };
 
 Result<ProgramIdentity> identity_of(int prog_fd) {
@@ -81,11 +86,16 @@ Result<ProgramIdentity> identity_of(int prog_fd) {
     bpf_map_info minfo{};
     uint32_t mlen = sizeof(minfo);
     if (bpf_obj_get_info_by_fd(map.get(), &minfo, &mlen) != 0) continue;
+    if (std::strchr(minfo.name, '.') == nullptr) {
+      out.maps.push_back(map_id);  // a shared map (libbpf names the object's own "<obj>.<sec>")
+      continue;
+    }
     if (std::strstr(minfo.name, ".rodata") == nullptr) continue;
     std::string value(minfo.value_size, '\0');
     uint32_t zero = 0;
     if (bpf_map_lookup_elem(map.get(), &zero, value.data()) == 0) out.rodata = value;
   }
+  std::sort(out.maps.begin(), out.maps.end());
   return out;
 }
 
@@ -238,7 +248,7 @@ Status install_bypass(const InstallOptions& options, const std::string& root,
   if (!bypass) return bypass.error();
   bypass.value()->rodata->cfg_bypass = options.bypass;
   bypass.value()->rodata->cfg_app_route = options.app_route;
-  if (auto s = bypass->load(); !s) return s.error();
+  if (auto s = bypass->load(&report->changes); !s) return s.error();
   if (auto s = pin_programs(*bypass, root, report); !s) return s.error();
   auto sockops = open_pin(program_pin(root, kProgSockops), "the sockops program");
   if (!sockops) return sockops.error();
@@ -286,7 +296,7 @@ Result<InstallReport> install(const InstallOptions& options) {
   auto capture = BpfSkeleton<capture_bpf>::open("capture", root);
   if (!capture) return capture.error();
   capture.value()->rodata->cfg_fail_open = options.fail_open;
-  if (auto s = capture->load(); !s) return s.error();
+  if (auto s = capture->load(&report.changes); !s) return s.error();
   if (fresh) report.changes.push_back("created and pinned the maps under " + root);
   if (auto s = pin_programs(*capture, root, &report); !s) return s.error();
 

@@ -6,7 +6,9 @@
 #include <cerrno>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "loader/attach/map_upgrade.h"
 #include "loader/maps/result.h"
 
 namespace sockmesh::loader {
@@ -34,15 +36,20 @@ class BpfSkeleton {
     return BpfSkeleton(skel, name);
   }
 
-  // Loads and verifies every program; creates or reuses and pins the maps.
-  Status load() {
+  // Loads and verifies every program; creates or reuses and pins the maps. A pinned map whose
+  // size or flags this build changed is replaced and its entries copied (map_upgrade.h); each
+  // replacement adds a line to `changes`.
+  Status load(std::vector<std::string>* changes = nullptr) {
+    auto upgrade = MapUpgrade::prepare(skel_->obj);
+    if (!upgrade) return upgrade.error();
     int err = Skel::load(skel_);
     if (err != 0) {
+      upgrade->undo();
       std::string detail = last_libbpf_warning();
       return Error::from_errno(
           err, "loading BPF object " + name_ + (detail.empty() ? "" : " (libbpf: " + detail + ")"));
     }
-    return {};
+    return upgrade->finish(skel_->obj, changes);
   }
 
   Skel* operator->() const { return skel_; }

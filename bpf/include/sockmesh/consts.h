@@ -80,7 +80,12 @@
  * socket clamps it to its own path MTU. */
 #define SM_LOCAL_HOP_MSS 65495
 #define SM_MAX_BYPASS_SOCKETS 65536
-#define SM_MAX_STACK_FLOWS 16384
+/* As many as the bypass holds sockets: every app flow the proxy sends back to the stack (a
+ * tunnel's after two answers, a spliced relay's, a paused one's) keeps its entry until it closes,
+ * so a smaller LRU would push out the pins of flows still in the bypass (the sk_msg misses). It
+ * was 16384 before 2026-12-06; the loader replaces a pinned map of the old size and copies its
+ * entries (loader/attach/map_upgrade.h). About 7 MiB of kernel memory (an LRU preallocates). */
+#define SM_MAX_STACK_FLOWS SM_MAX_BYPASS_SOCKETS
 #define SM_MAX_AWAIT_PEER 4096
 /* How long a note between two programs may wait for the event it announces: a pairing note in
  * sm_await_peer for its passive end, a TIME_WAIT note in sm_tw_syns for its listener lookup. Both
