@@ -16,6 +16,7 @@
 #include "bypass.skel.h"
 #include "capture.skel.h"
 #include "loader/attach/bpffs.h"
+#include "loader/attach/map_upgrade.h"
 #include "loader/attach/preflight.h"
 #include "loader/attach/sk_lookup.h"
 #include "loader/attach/skeleton.h"
@@ -365,6 +366,8 @@ Status uninstall(const std::string& pin_root, bool force) {
   }
   for (const char* m : kMapNames) {
     if (auto s = remove(pin_root + "/" + m); !s) return s;
+    // An old map an interrupted install left aside (map_upgrade.h).
+    if (auto s = remove(replaced_pin_path(pin_root + "/" + m)); !s) return s;
   }
   for (const char* sub : {SM_PIN_PROGS_DIR, SM_PIN_LINKS_DIR}) {
     std::string dir = pin_root + "/" + sub;

@@ -237,5 +237,20 @@ TEST(MapUpgrade, AnUpgradeThatStoppedAfterItsLoadCopiesWhatIsMissingAndKeepsWhat
   close(new_fd);
 }
 
+TEST(MapUpgrade, UninstallRemovesAnOldMapLeftAside) {
+  testing::TestCgroup cgroup;
+  loader::InstallOptions options;
+  {
+    testing::TestInstall install(cgroup.path());
+    options = install.options();
+    const std::string pin = install.root() + "/sm_stack_flows";
+    int fd = bpf_obj_get(pin.c_str());
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(bpf_obj_pin(fd, loader::replaced_pin_path(pin).c_str()), 0);
+    close(fd);
+  }  // ~TestInstall uninstalls (and fails the test if it cannot)
+  EXPECT_FALSE(exists(options.pin_root));
+}
+
 }  // namespace
 }  // namespace sockmesh
