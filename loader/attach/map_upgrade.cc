@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <set>
 #include <vector>
 
 #include "base/log.h"
@@ -88,11 +89,13 @@ maps::Result<bpf_map_info> info_of(int fd, const std::string& path) {
 
 struct CopyCount {
   size_t copied = 0;
-  size_t kept = 0;     // the new map had the key already (keep_existing)
+  size_t kept = 0;     // the new map had the key already: its entry is newer and stays
   size_t dropped = 0;  // the new map had no room
 };
 
-maps::Result<CopyCount> copy_entries(int from, int to, const bpf_map_info& info, bool keep_existing,
+// Copies every entry of `from` that `to` lacks (arrays: every slot). Keys are listed first; a key
+// deleted meanwhile makes the kernel's walk start over, so keys already seen are skipped.
+maps::Result<CopyCount> copy_entries(int from, int to, const bpf_map_info& info,
                                      const std::string& what) {
   size_t value_bytes = info.value_size;
   if (per_cpu(info.type)) {
@@ -100,18 +103,24 @@ maps::Result<CopyCount> copy_entries(int from, int to, const bpf_map_info& info,
     if (cpus <= 0) return Error::from_errno(-cpus, "counting the possible CPUs for " + what);
     value_bytes = ((info.value_size + 7) / 8 * 8) * static_cast<size_t>(cpus);
   }
-  // An array always has every key: an existing entry there is only ever overwritten.
-  uint64_t flags = array(info.type) || !keep_existing ? BPF_ANY : BPF_NOEXIST;
-  std::vector<uint8_t> key(info.key_size), next(info.key_size), value(value_bytes);
-  CopyCount n;
-  const void* prev = nullptr;
-  while (true) {
-    if (bpf_map_get_next_key(from, prev, next.data()) != 0) {
+  // An array has every key: its slots are overwritten. Elsewhere what the new map has already
+  // (written since its pin appeared, or before an earlier run stopped) is newer and stays.
+  const uint64_t flags = array(info.type) ? BPF_ANY : BPF_NOEXIST;
+  std::set<std::vector<uint8_t>> keys;
+  std::vector<uint8_t> prev, next(info.key_size);
+  // A bound on the walk of a map that keeps changing under it.
+  const size_t max_steps = 4 * static_cast<size_t>(info.max_entries) + 16;
+  for (size_t step = 0; step < max_steps; ++step) {
+    if (bpf_map_get_next_key(from, prev.empty() ? nullptr : prev.data(), next.data()) != 0) {
       if (errno == ENOENT) break;
       return Error::from_errno(errno, "walking the old " + what);
     }
-    key = next;
-    prev = key.data();
+    keys.insert(next);
+    prev = next;
+  }
+  CopyCount n;
+  std::vector<uint8_t> value(value_bytes);
+  for (const auto& key : keys) {
     if (bpf_map_lookup_elem(from, key.data(), value.data()) != 0) {
       if (errno == ENOENT) continue;  // gone since the walk found it
       return Error::from_errno(errno, "reading the old " + what);
@@ -136,16 +145,17 @@ maps::Result<CopyCount> copy_entries(int from, int to, const bpf_map_info& info,
 // bpffs refuses names with a dot.
 std::string replaced_pin_path(const std::string& pin) { return pin + "_replaced"; }
 
-maps::Result<MapUpgrade> MapUpgrade::prepare(bpf_object* obj) {
+maps::Result<MapUpgrade> MapUpgrade::prepare(bpf_object* obj, MapChanges mode) {
   MapUpgrade up;
-  if (auto s = up.move_aside(obj); !s) {
+  if (auto s = up.move_aside(obj, mode); !s) {
     up.undo();  // pins this call moved already go back
     return s.error();
   }
   return up;
 }
 
-maps::Status MapUpgrade::move_aside(bpf_object* obj) {
+maps::Status MapUpgrade::move_aside(bpf_object* obj, MapChanges mode) {
+  const bool replace = mode == MapChanges::kReplace;
   bpf_map* map = nullptr;
   bpf_object__for_each_map(map, obj) {
     const char* pin_c = bpf_map__pin_path(map);
@@ -154,6 +164,10 @@ maps::Status MapUpgrade::move_aside(bpf_object* obj) {
     std::string name = bpf_map__name(map);
     std::string aside = replaced_pin_path(pin);
     bool left_aside = exists(aside);
+    if (left_aside && !replace) {
+      return Error{EAGAIN, "an install that did not finish left " + aside +
+                               ": run sockmesh-loader install, which completes it"};
+    }
     if (left_aside && !exists(pin)) {
       // Moved aside by a run that stopped before its load finished: put it back, look again.
       if (rename(aside.c_str(), pin.c_str()) != 0) {
@@ -186,6 +200,11 @@ maps::Status MapUpgrade::move_aside(bpf_object* obj) {
       continue;
     }
     if (same(want, have)) continue;  // reused as it is
+    if (!replace) {
+      return Error{EINVAL, "pinned map " + pin + " is " + describe(have) + "; this build needs " +
+                               describe(want) +
+                               ": run sockmesh-loader install first, which replaces it"};
+    }
     std::string refused;
     if (have.type != want.type || have.key_size != want.key_size ||
         have.value_size != want.value_size) {
@@ -212,14 +231,17 @@ maps::Status MapUpgrade::move_aside(bpf_object* obj) {
 }
 
 maps::Status MapUpgrade::finish(bpf_object* obj, std::vector<std::string>* changes) {
+  std::vector<std::string> lines;
   for (auto& m : moved_) {
     bpf_map* map = bpf_object__find_map_by_name(obj, m.name.c_str());
     int to = map ? bpf_map__fd(map) : -1;
-    if (to < 0) return Error{ENOENT, "the new map " + m.name + " is not loaded"};
-    auto count = copy_entries(m.old.get(), to, m.info, m.keep_existing, "map " + m.name);
-    if (!count) return count.error();
-    if (unlink(m.aside.c_str()) != 0 && errno != ENOENT) {
-      return Error::from_errno(errno, "removing the old pin " + m.aside);
+    auto count =
+        to < 0 ? maps::Result<CopyCount>(Error{ENOENT, "the new map " + m.name + " is not loaded"})
+               : copy_entries(m.old.get(), to, m.info, "map " + m.name);
+    if (!count) {
+      Error error = count.error();
+      undo();  // the old maps go back under their names; this load's go with its object
+      return Error{error.code, error.message + " (the old maps are back in place)"};
     }
     std::string line = "replaced map " + m.name + " (" + describe(shape_of(m.info)) + " -> " +
                        describe(shape_of(map)) + "): " + std::to_string(count->copied) +
@@ -227,12 +249,21 @@ maps::Status MapUpgrade::finish(bpf_object* obj, std::vector<std::string>* chang
     if (count->kept > 0) line += ", " + std::to_string(count->kept) + " newer kept";
     if (count->dropped > 0) {
       line += ", " + std::to_string(count->dropped) + " did not fit and were dropped";
-      SM_WARN("loader") << line;
-    } else {
-      SM_INFO("loader") << line;
     }
-    if (changes) changes->push_back(line);
-    m.old.reset();
+    lines.push_back(std::move(line));
+  }
+  // Every copy is done: only now do the old pins go.
+  for (size_t i = 0; i < moved_.size(); ++i) {
+    if (unlink(moved_[i].aside.c_str()) != 0 && errno != ENOENT) {
+      SM_WARN("loader") << "removing the old pin " << moved_[i].aside << ": "
+                        << std::strerror(errno) << " (uninstall or the next install removes it)";
+    }
+    if (lines[i].find(" dropped") != std::string::npos) {
+      SM_WARN("loader") << lines[i];
+    } else {
+      SM_INFO("loader") << lines[i];
+    }
+    if (changes) changes->push_back(lines[i]);
   }
   moved_.clear();
   return {};
@@ -240,7 +271,7 @@ maps::Status MapUpgrade::finish(bpf_object* obj, std::vector<std::string>* chang
 
 void MapUpgrade::undo() {
   for (auto& m : moved_) {
-    if (m.keep_existing) continue;  // its pin is the new map; the aside is for the next run
+    if (m.loaded_before) continue;  // its pin is the new map; the aside is for the next run
     if (exists(m.pin)) unlink(m.pin.c_str());  // what libbpf pinned before it failed, if any
     if (rename(m.aside.c_str(), m.pin.c_str()) != 0) {
       SM_ERROR("loader") << "putting " << m.aside << " back as " << m.pin

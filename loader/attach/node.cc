@@ -18,6 +18,7 @@
 #include "loader/attach/bpffs.h"
 #include "loader/attach/map_upgrade.h"
 #include "loader/attach/preflight.h"
+#include "loader/attach/program_identity.h"
 #include "loader/attach/sk_lookup.h"
 #include "loader/attach/skeleton.h"
 #include "loader/maps/unique_fd.h"
@@ -37,67 +38,6 @@ constexpr const char* kProgramNames[] = {kProgTcEgress, kProgTcIngress, kProgSoc
 bool exists(const std::string& path) {
   struct stat st {};
   return lstat(path.c_str(), &st) == 0;
-}
-
-std::string hex(const uint8_t* bytes, size_t n) {
-  std::string out;
-  char buf[3];
-  for (size_t i = 0; i < n; ++i) {
-    snprintf(buf, sizeof(buf), "%02x", bytes[i]);
-    out += buf;
-  }
-  return out;
-}
-
-// What makes two loaded programs the same: their instructions (the tag), their knobs (the
-// content of their .rodata map) and the pinned maps they use (a map replaced by an install,
-// map_upgrade.h), none of which the tag covers.
-struct ProgramIdentity {
-  uint32_t id = 0;
-  std::string tag;
-  std::string rodata;
-  std::vector<uint32_t> maps;  // ids of the maps that are not the object's own (.rodata, .bss)
-  bool operator==(const ProgramIdentity& o) const {
-    return tag == o.tag && rodata == o.rodata && maps == o.maps;
-  }
-};
-
-Result<ProgramIdentity> identity_of(int prog_fd) {
-  bpf_prog_info info{};
-  uint32_t len = sizeof(info);
-  if (bpf_obj_get_info_by_fd(prog_fd, &info, &len) != 0) {
-    return Error::from_errno(errno, "reading BPF program info");
-  }
-  ProgramIdentity out;
-  out.id = info.id;
-  out.tag = hex(info.tag, sizeof(info.tag));
-  std::vector<uint32_t> map_ids(info.nr_map_ids);
-  if (!map_ids.empty()) {
-    bpf_prog_info again{};
-    again.nr_map_ids = static_cast<uint32_t>(map_ids.size());
-    again.map_ids = reinterpret_cast<uint64_t>(map_ids.data());
-    len = sizeof(again);
-    if (bpf_obj_get_info_by_fd(prog_fd, &again, &len) != 0) {
-      return Error::from_errno(errno, "reading BPF program maps");
-    }
-  }
-  for (uint32_t map_id : map_ids) {
-    UniqueFd map(bpf_map_get_fd_by_id(map_id));
-    if (!map) continue;
-    bpf_map_info minfo{};
-    uint32_t mlen = sizeof(minfo);
-    if (bpf_obj_get_info_by_fd(map.get(), &minfo, &mlen) != 0) continue;
-    if (std::strchr(minfo.name, '.') == nullptr) {
-      out.maps.push_back(map_id);  // a shared map (libbpf names the object's own "<obj>.<sec>")
-      continue;
-    }
-    if (std::strstr(minfo.name, ".rodata") == nullptr) continue;
-    std::string value(minfo.value_size, '\0');
-    uint32_t zero = 0;
-    if (bpf_map_lookup_elem(map.get(), &zero, value.data()) == 0) out.rodata = value;
-  }
-  std::sort(out.maps.begin(), out.maps.end());
-  return out;
 }
 
 // Pins `prog_fd` at `path` unless an identical program is pinned there already. Replacing goes
@@ -249,7 +189,7 @@ Status install_bypass(const InstallOptions& options, const std::string& root,
   if (!bypass) return bypass.error();
   bypass.value()->rodata->cfg_bypass = options.bypass;
   bypass.value()->rodata->cfg_app_route = options.app_route;
-  if (auto s = bypass->load(&report->changes); !s) return s.error();
+  if (auto s = bypass->load(&report->changes, MapChanges::kReplace); !s) return s.error();
   if (auto s = pin_programs(*bypass, root, report); !s) return s.error();
   auto sockops = open_pin(program_pin(root, kProgSockops), "the sockops program");
   if (!sockops) return sockops.error();
@@ -297,7 +237,7 @@ Result<InstallReport> install(const InstallOptions& options) {
   auto capture = BpfSkeleton<capture_bpf>::open("capture", root);
   if (!capture) return capture.error();
   capture.value()->rodata->cfg_fail_open = options.fail_open;
-  if (auto s = capture->load(&report.changes); !s) return s.error();
+  if (auto s = capture->load(&report.changes, MapChanges::kReplace); !s) return s.error();
   if (fresh) report.changes.push_back("created and pinned the maps under " + root);
   if (auto s = pin_programs(*capture, root, &report); !s) return s.error();
 

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "loader/attach/node.h"
+#include "loader/attach/program_identity.h"
 #include "loader/attach/skeleton.h"
 #include "loader/maps/unique_fd.h"
 #include "lookup.skel.h"
@@ -27,21 +28,13 @@ std::string link_path(const std::string& pin_root, uint64_t cookie) {
   return link_pin(pin_root, name);
 }
 
-// A program's tag: the hash of its instructions. Two instances for the same netns differ in
-// nothing else (the cookie knob is the same).
-std::string tag_of(int fd) {
-  bpf_prog_info info{};
-  uint32_t len = sizeof info;
-  if (bpf_obj_get_info_by_fd(fd, &info, &len) != 0) return "";
-  return std::string(reinterpret_cast<const char*>(info.tag), sizeof info.tag);
-}
-
 }  // namespace
 
 Result<bool> attach_pod_lookup(const std::string& pin_root, int netns_fd, uint64_t cookie) {
   auto skel = BpfSkeleton<lookup_bpf>::open("lookup", pin_root);
   if (!skel) return skel.error();
   skel.value()->rodata->cfg_netns_cookie = cookie;
+  // A pinned map another build made is install's to replace, not enroll's.
   if (auto s = skel->load(); !s) return s.error();
   int prog = bpf_program__fd(skel.value()->progs.sm_sk_lookup);
   std::string path = link_path(pin_root, cookie);
@@ -52,8 +45,14 @@ Result<bool> attach_pod_lookup(const std::string& pin_root, int netns_fd, uint64
       return Error::from_errno(errno, "reading " + path);
     }
     if (info.netns.netns_ino != 0) {
+      // The same instructions, knob and maps (an install may have replaced a map): keep it.
       UniqueFd current(bpf_prog_get_fd_by_id(info.prog_id));
-      if (current && tag_of(current.get()) == tag_of(prog)) return false;
+      auto fresh = identity_of(prog);
+      if (!fresh) return fresh.error();
+      if (current) {
+        auto now = identity_of(current.get());
+        if (now && *now == *fresh) return false;
+      }
       if (bpf_link_update(link.get(), prog, nullptr) != 0) {
         return Error::from_errno(errno, "moving " + path + " to the new sk_lookup program");
       }

@@ -36,11 +36,12 @@ class BpfSkeleton {
     return BpfSkeleton(skel, name);
   }
 
-  // Loads and verifies every program; creates or reuses and pins the maps. A pinned map whose
-  // size or flags this build changed is replaced and its entries copied (map_upgrade.h); each
-  // replacement adds a line to `changes`.
-  Status load(std::vector<std::string>* changes = nullptr) {
-    auto upgrade = MapUpgrade::prepare(skel_->obj);
+  // Loads and verifies every program; creates or reuses and pins the maps. With kReplace, a
+  // pinned map whose size or flags this build changed is replaced and its entries copied
+  // (map_upgrade.h), each replacement a line in `changes`; with kRefuse, such a map fails the
+  // load with a message that asks for an install.
+  Status load(std::vector<std::string>* changes = nullptr, MapChanges mode = MapChanges::kRefuse) {
+    auto upgrade = MapUpgrade::prepare(skel_->obj, mode);
     if (!upgrade) return upgrade.error();
     int err = Skel::load(skel_);
     if (err != 0) {

@@ -16,6 +16,8 @@
 
 #include "loader/attach/map_upgrade.h"
 #include "loader/attach/node.h"
+#include "loader/attach/skeleton.h"
+#include "lookup.skel.h"
 #include "sockmesh/consts.h"
 #include "testing/privileged.h"
 #include "testing/system.h"
@@ -93,10 +95,19 @@ bool has_line(const std::vector<std::string>& changes, const std::string& part) 
                      [&](const std::string& c) { return c.find(part) != std::string::npos; });
 }
 
-TEST(MapUpgrade, AHashMapOfAnotherSizeIsReplacedAndKeepsItsEntries) {
-  testing::TestCgroup cgroup;
-  testing::TestInstall install(cgroup.path());
-  const std::string pin = install.root() + "/sm_stack_flows";
+// A fresh install on a pin root of its own, into which a test puts what an older build left.
+class MapUpgrade : public ::testing::Test {
+ protected:
+  std::string pin_of(const char* map) const { return install_.root() + "/" + map; }
+  const loader::InstallOptions& options() const { return install_.options(); }
+  const std::string& root() const { return install_.root(); }
+
+  testing::TestCgroup cgroup_;
+  testing::TestInstall install_{cgroup_.path()};
+};
+
+TEST_F(MapUpgrade, AHashMapOfAnotherSizeIsReplacedAndKeepsItsEntries) {
+  const std::string pin = pin_of("sm_stack_flows");
   const uint32_t want = pinned_info(pin).max_entries;
   ASSERT_EQ(want, static_cast<uint32_t>(SM_MAX_STACK_FLOWS));
 
@@ -108,7 +119,7 @@ TEST(MapUpgrade, AHashMapOfAnotherSizeIsReplacedAndKeepsItsEntries) {
     ASSERT_EQ(bpf_map_update_elem(old_fd, key_of(key_size, n).data(), &v, BPF_ANY), 0);
   }
 
-  auto report = loader::install(install.options());
+  auto report = loader::install(options());
   ASSERT_TRUE(report) << report.error().message;
   EXPECT_TRUE(has_line(report->changes, "replaced map sm_stack_flows"));
   EXPECT_TRUE(has_line(report->changes, "3 entries copied"));
@@ -122,20 +133,18 @@ TEST(MapUpgrade, AHashMapOfAnotherSizeIsReplacedAndKeepsItsEntries) {
   for (uint16_t n = 1; n <= 3; ++n) EXPECT_EQ(u32_at(new_fd, key_of(key_size, n)), 100u + n);
   close(new_fd);
   // The bypass programs were loaded against the new map, not the old one.
-  const std::string sk_msg = loader::program_pin(install.root(), loader::kProgSkMsg);
+  const std::string sk_msg = loader::program_pin(root(), loader::kProgSkMsg);
   EXPECT_TRUE(program_uses_map(sk_msg, now.id));
   EXPECT_FALSE(program_uses_map(sk_msg, old_id));
   close(old_fd);
 
-  auto again = loader::install(install.options());
+  auto again = loader::install(options());
   ASSERT_TRUE(again) << again.error().message;
   EXPECT_TRUE(again->changes.empty()) << again->changes.front();
 }
 
-TEST(MapUpgrade, APerCpuArrayOfAnotherSizeKeepsEveryCpusValues) {
-  testing::TestCgroup cgroup;
-  testing::TestInstall install(cgroup.path());
-  const std::string pin = install.root() + "/sm_counters";
+TEST_F(MapUpgrade, APerCpuArrayOfAnotherSizeKeepsEveryCpusValues) {
+  const std::string pin = pin_of("sm_counters");
   int old_fd = pin_older_map(pin, 8);
   int cpus = libbpf_num_possible_cpus();
   ASSERT_GT(cpus, 0);
@@ -146,7 +155,7 @@ TEST(MapUpgrade, APerCpuArrayOfAnotherSizeKeepsEveryCpusValues) {
   }
   close(old_fd);
 
-  auto report = loader::install(install.options());
+  auto report = loader::install(options());
   ASSERT_TRUE(report) << report.error().message;
   EXPECT_TRUE(has_line(report->changes, "replaced map sm_counters"));
   EXPECT_EQ(pinned_info(pin).max_entries, static_cast<uint32_t>(SM_CNT_SLOTS));
@@ -162,16 +171,20 @@ TEST(MapUpgrade, APerCpuArrayOfAnotherSizeKeepsEveryCpusValues) {
   close(fd);
 }
 
-TEST(MapUpgrade, ASocketMapOfAnotherSizeIsRefusedAndNothingMoves) {
-  testing::TestCgroup cgroup;
-  testing::TestInstall install(cgroup.path());
-  const std::string pin = install.root() + "/sm_bypass";
-  const std::string stack = install.root() + "/sm_stack_flows";
+TEST_F(MapUpgrade, ASocketMapOfAnotherSizeIsRefusedAndNothingMoves) {
+  const std::string pin = pin_of("sm_bypass");
+  const std::string stack = pin_of("sm_stack_flows");
+  // sm_counters comes before sm_bypass in the object: it is moved aside before the refusal, and
+  // must be put back.
+  const std::string counters = pin_of("sm_counters");
+  int counters_fd = pin_older_map(counters, 8);
+  const uint32_t counters_id = info_of(counters_fd).id;
+  close(counters_fd);
   int old_fd = pin_older_map(pin, 1024);
   const uint32_t old_id = info_of(old_fd).id;
   const uint32_t stack_id = pinned_info(stack).id;
 
-  auto report = loader::install(install.options());
+  auto report = loader::install(options());
   ASSERT_FALSE(report) << "the capture object holds the socket maps too: the install stops";
   const std::string& said = report.error().message;
   EXPECT_NE(said.find(pin), std::string::npos) << said;
@@ -181,13 +194,34 @@ TEST(MapUpgrade, ASocketMapOfAnotherSizeIsRefusedAndNothingMoves) {
   EXPECT_EQ(pinned_info(stack).id, stack_id) << "no other map was replaced";
   EXPECT_FALSE(exists(loader::replaced_pin_path(pin)));
   EXPECT_FALSE(exists(loader::replaced_pin_path(stack)));
+  EXPECT_EQ(pinned_info(counters).id, counters_id) << "a map moved aside before is put back";
+  EXPECT_FALSE(exists(loader::replaced_pin_path(counters)));
   close(old_fd);
 }
 
-TEST(MapUpgrade, AnUpgradeThatStoppedBeforeItsLoadIsDoneByTheNextInstall) {
-  testing::TestCgroup cgroup;
-  testing::TestInstall install(cgroup.path());
-  const std::string pin = install.root() + "/sm_stack_flows";
+TEST_F(MapUpgrade, ALoadThatOnlyAttachesRefusesAMapOfAnotherSizeAndAsksForAnInstall) {
+  const std::string pin = pin_of("sm_stack_flows");
+  int old_fd = pin_older_map(pin, 1024);
+  const uint32_t old_id = info_of(old_fd).id;
+  close(old_fd);
+  // What enroll loads for a pod's sk_lookup: the object holds every shared map.
+  auto skel = loader::BpfSkeleton<lookup_bpf>::open("lookup", root());
+  ASSERT_TRUE(skel) << skel.error().message;
+  auto loaded = skel->load();
+  ASSERT_FALSE(loaded);
+  EXPECT_NE(loaded.error().message.find("run sockmesh-loader install first"), std::string::npos)
+      << loaded.error().message;
+  EXPECT_EQ(pinned_info(pin).id, old_id);
+  EXPECT_FALSE(exists(loader::replaced_pin_path(pin)));
+  // Install then replaces it, and re-pins the programs that use it.
+  auto report = loader::install(options());
+  ASSERT_TRUE(report) << report.error().message;
+  EXPECT_TRUE(has_line(report->changes, "replaced map sm_stack_flows"));
+  EXPECT_TRUE(has_line(report->changes, "pinned program sm_sk_msg"));
+}
+
+TEST_F(MapUpgrade, AnUpgradeThatStoppedBeforeItsLoadIsDoneByTheNextInstall) {
+  const std::string pin = pin_of("sm_stack_flows");
   int old_fd = pin_older_map(pin, 1024);
   const uint32_t key_size = info_of(old_fd).key_size;
   uint32_t v = 7;
@@ -196,7 +230,7 @@ TEST(MapUpgrade, AnUpgradeThatStoppedBeforeItsLoadIsDoneByTheNextInstall) {
   ASSERT_EQ(rename(pin.c_str(), loader::replaced_pin_path(pin).c_str()), 0);
   close(old_fd);
 
-  auto report = loader::install(install.options());
+  auto report = loader::install(options());
   ASSERT_TRUE(report) << report.error().message;
   EXPECT_TRUE(has_line(report->changes, "1 entries copied"));
   EXPECT_EQ(pinned_info(pin).max_entries, static_cast<uint32_t>(SM_MAX_STACK_FLOWS));
@@ -207,10 +241,8 @@ TEST(MapUpgrade, AnUpgradeThatStoppedBeforeItsLoadIsDoneByTheNextInstall) {
   close(fd);
 }
 
-TEST(MapUpgrade, AnUpgradeThatStoppedAfterItsLoadCopiesWhatIsMissingAndKeepsWhatIsNewer) {
-  testing::TestCgroup cgroup;
-  testing::TestInstall install(cgroup.path());
-  const std::string pin = install.root() + "/sm_stack_flows";
+TEST_F(MapUpgrade, AnUpgradeThatStoppedAfterItsLoadCopiesWhatIsMissingAndKeepsWhatIsNewer) {
+  const std::string pin = pin_of("sm_stack_flows");
   int new_fd = bpf_obj_get(pin.c_str());
   ASSERT_GE(new_fd, 0);
   const uint32_t key_size = info_of(new_fd).key_size;
@@ -227,7 +259,7 @@ TEST(MapUpgrade, AnUpgradeThatStoppedAfterItsLoadCopiesWhatIsMissingAndKeepsWhat
   uint32_t newer = 70;
   ASSERT_EQ(bpf_map_update_elem(new_fd, key_of(key_size, 1).data(), &newer, BPF_ANY), 0);
 
-  auto report = loader::install(install.options());
+  auto report = loader::install(options());
   ASSERT_TRUE(report) << report.error().message;
   EXPECT_TRUE(has_line(report->changes, "1 entries copied, 1 newer kept"));
   EXPECT_EQ(u32_at(new_fd, key_of(key_size, 1)), 70u);
@@ -237,7 +269,7 @@ TEST(MapUpgrade, AnUpgradeThatStoppedAfterItsLoadCopiesWhatIsMissingAndKeepsWhat
   close(new_fd);
 }
 
-TEST(MapUpgrade, UninstallRemovesAnOldMapLeftAside) {
+TEST(MapUpgradeUninstall, RemovesAnOldMapLeftAside) {
   testing::TestCgroup cgroup;
   loader::InstallOptions options;
   {
