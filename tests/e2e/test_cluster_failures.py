@@ -1,8 +1,10 @@
 #!/usr/bin/python3
 """End to end on two simulated nodes, when things stop: the proxy drained by SIGTERM and
-restarted, the proxy killed mid-transfer, the node agent restarted under load, and a node whose
-proxy is down. Topology: cluster.demo_topology; the proxies' drain deadline is 3 s. OwnerDies: the
-process that made a cluster is terminated or killed."""
+restarted, the proxy killed mid-transfer, the node agent restarted and upgraded under load (one
+upgrade resizes a pinned map), and a node whose proxy is down. Topology: cluster.demo_topology;
+the proxies' drain deadline is 3 s. OwnerDies: the process that made a cluster is terminated or
+killed."""
+import json
 import os
 import re
 import shutil
@@ -110,27 +112,73 @@ class Failures(ClusterCase):
         self.assertIsNotNone(m, "status shows no %s" % name)
         return m.group(1)
 
-    def test_upgrading_the_node_agent_moves_running_pods_to_the_new_tc_programs(self):
-        # An "upgrade" whose tc programs differ: the agent restarted with --fail-open (a knob
-        # compiled into the programs), while connections stream through node-a's pods.
-        old = self.pinned_program_id(self.a, "sm_tc_ingress")
-        self.assertEqual(self.tc_program_ids(self.client), {old})
+    def stream_through_node_a_and_stop_its_agent(self):
+        """Two 4 s streams through node-a's pods (a tunnel from the client to the service on
+        node-b; plaintext from legacy-b into echo-a), running when node-a's agent stops."""
         streams = [self.stream(self.client, "s1", "%s:80" % ECHO_VIP, 4.0),
                    self.stream(self.pods["legacy-b"], "s2", "%s:%d" % (self.pods["echo-a"].ip,
                                                                        APP_PORT), 4.0)]
         self.wait_streaming(self.pods["echo-b"], self.client)
         self.wait_streaming(self.pods["echo-a"], self.pods["legacy-b"])
         self.assertEqual(self.a.agent.stop(signal.SIGTERM), 0)
+        return streams
+
+    def assert_intact_across_the_upgrade(self, streams):
+        for s in streams:
+            r = self.report_of(s, 20)
+            self.assertTrue(r["ok"], "%s broke across the upgrade: %s" % (s.name, r))
+
+    def test_upgrading_the_node_agent_moves_running_pods_to_the_new_tc_programs(self):
+        # An "upgrade" whose tc programs differ: the agent restarted with --fail-open (a knob
+        # compiled into the programs), while connections stream through node-a's pods.
+        old = self.pinned_program_id(self.a, "sm_tc_ingress")
+        self.assertEqual(self.tc_program_ids(self.client), {old})
+        streams = self.stream_through_node_a_and_stop_its_agent()
         self.a.start_agent(extra=["--fail-open"])
         new = self.pinned_program_id(self.a, "sm_tc_ingress")
         self.assertNotEqual(new, old, "the upgrade did not change the tc program")
         for name in ("client", "echo-a"):
             self.assertEqual(self.tc_program_ids(self.pods[name]), {new},
                              "%s still runs the old tc program" % name)
-        for s in streams:
-            r = self.report_of(s, 20)
-            self.assertTrue(r["ok"], "%s broke across the upgrade: %s" % (s.name, r))
+        self.assert_intact_across_the_upgrade(streams)
         self.assert_fresh_traffic_flows()
+
+    def test_an_upgrade_that_resizes_a_map_keeps_the_streams_and_the_bypass(self):
+        # An older build's sm_stack_flows (another max_entries, the rest alike): the new agent's
+        # install replaces it, copies its entries and re-pins the programs that use it, while
+        # connections stream through node-a; the proxy moves to the new map by itself.
+        pin = os.path.join(self.a.pin_root, "sm_stack_flows")
+        streams = self.stream_through_node_a_and_stop_its_agent()
+        os.unlink(pin)
+        cluster.run(["bpftool", "map", "create", pin, "type", "lru_hash", "key", "48", "value",
+                     "4", "entries", "1024", "name", "sm_stack_flows"])
+        # One flow pinned to the stack in the old map (a made-up 48-byte key): it must be in the
+        # new one.
+        key = ["%02x" % (i + 1) for i in range(48)]
+        cluster.run(["bpftool", "map", "update", "pinned", pin, "key", "hex"] + key +
+                    ["value", "hex", "01", "00", "00", "00"])
+        self.a.start_agent()
+        log = self.a.agent.log()
+        self.assertIn("replaced map sm_stack_flows", log)
+        self.assertIn("1 entries copied", log)
+        self.assertIn("pinned program sm_sk_msg", log)
+        shown = json.loads(cluster.run(["bpftool", "-j", "map", "show", "pinned", pin]))
+        self.assertEqual(shown["max_entries"], 65536)
+        kept = [e for e in self.a.bpftool_dump("sm_stack_flows")
+                if e["formatted"]["key"]["netns"] == 0x0807060504030201]
+        self.assertEqual(len(kept), 1, "the old map's entry is in the new map")
+        self.assertFalse(os.path.exists(pin + "_replaced"))
+        self.assert_intact_across_the_upgrade(streams)
+        sends = self.a.datapath_counter("bypass_sends")
+        self.assert_fresh_traffic_flows()
+        self.assertGreater(self.a.datapath_counter("bypass_sends"), sends,
+                           "new connections go through the bypass after the upgrade")
+
+        def proxy_moved():  # it looks again on a new connection, at most every 250 ms
+            self.talk(self.client, "%s:80" % ECHO_VIP, 4096)
+            return ("bypass maps under %s were recreated by the loader" % self.a.pin_root
+                    in self.a.proxy.log())
+        wait_until("node-a's proxy to open the new bypass maps", proxy_moved, 10)
 
     def owner_api(self, node, state):
         """fake_owner_api.py in node's netns, and the agent arguments that point at it. Returns
