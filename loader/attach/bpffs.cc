@@ -43,6 +43,11 @@ std::string unescape_mount_field(const std::string& field) {
 
 }  // namespace
 
+bool pin_exists(const std::string& path) {
+  struct stat st {};
+  return lstat(path.c_str(), &st) == 0;
+}
+
 bool is_on_bpffs(const std::string& path) {
   struct statfs st {};
   return statfs(path.c_str(), &st) == 0 && st.f_type == kBpfFsMagic;

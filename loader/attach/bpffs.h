@@ -11,6 +11,9 @@ using maps::Error;
 using maps::Result;
 using maps::Status;
 
+// Whether something (a pin, a directory) is at `path`; a symbolic link is not followed.
+bool pin_exists(const std::string& path);
+
 // Whether `path` lies on a bpffs instance.
 bool is_on_bpffs(const std::string& path);
 

@@ -1,7 +1,6 @@
 #include "loader/attach/map_upgrade.h"
 
 #include <bpf/bpf.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -11,6 +10,7 @@
 #include <vector>
 
 #include "base/log.h"
+#include "loader/attach/bpffs.h"
 
 namespace sockmesh::loader {
 namespace {
@@ -18,17 +18,13 @@ namespace {
 using maps::Error;
 using maps::UniqueFd;
 
-bool exists(const std::string& path) {
-  struct stat st {};
-  return lstat(path.c_str(), &st) == 0;
-}
-
 struct Shape {
   uint32_t type = 0;
   uint32_t key_size = 0;
   uint32_t value_size = 0;
   uint32_t max_entries = 0;
   uint32_t flags = 0;
+  bool operator==(const Shape&) const = default;
 };
 
 Shape shape_of(const bpf_map_info& info) {
@@ -40,17 +36,19 @@ Shape shape_of(const bpf_map* map) {
           bpf_map__value_size(map), bpf_map__max_entries(map), bpf_map__map_flags(map)};
 }
 
+std::string describe(const Shape& s);
+
+// "pinned map <pin> is <have>; this build needs <want>"
+std::string mismatch(const std::string& pin, const Shape& have, const Shape& want) {
+  return "pinned map " + pin + " is " + describe(have) + "; this build needs " + describe(want);
+}
+
 std::string describe(const Shape& s) {
   const char* type = libbpf_bpf_map_type_str(static_cast<bpf_map_type>(s.type));
   char buf[200];
   snprintf(buf, sizeof buf, "%s, key %u B, value %u B, max_entries %u, flags 0x%x",
            type ? type : "unknown type", s.key_size, s.value_size, s.max_entries, s.flags);
   return buf;
-}
-
-bool same(const Shape& a, const Shape& b) {
-  return a.type == b.type && a.key_size == b.key_size && a.value_size == b.value_size &&
-         a.max_entries == b.max_entries && a.flags == b.flags;
 }
 
 bool per_cpu(uint32_t type) {
@@ -163,12 +161,12 @@ maps::Status MapUpgrade::move_aside(bpf_object* obj, MapChanges mode) {
     std::string pin = pin_c;
     std::string name = bpf_map__name(map);
     std::string aside = replaced_pin_path(pin);
-    bool left_aside = exists(aside);
+    bool left_aside = pin_exists(aside);
     if (left_aside && !replace) {
       return Error{EAGAIN, "an install that did not finish left " + aside +
                                ": run sockmesh-loader install, which completes it"};
     }
-    if (left_aside && !exists(pin)) {
+    if (left_aside && !pin_exists(pin)) {
       // Moved aside by a run that stopped before its load finished: put it back, look again.
       if (rename(aside.c_str(), pin.c_str()) != 0) {
         return Error::from_errno(errno, "putting " + aside + " back as " + pin);
@@ -177,7 +175,7 @@ maps::Status MapUpgrade::move_aside(bpf_object* obj, MapChanges mode) {
                         << " was left by an upgrade that did not finish; put back";
       left_aside = false;
     }
-    if (!exists(pin)) continue;  // libbpf creates it
+    if (!pin_exists(pin)) continue;  // libbpf creates it
     UniqueFd fd(bpf_obj_get(pin.c_str()));
     if (!fd) return Error::from_errno(errno, "opening the pinned map " + pin);
     auto info = info_of(fd.get(), pin);
@@ -187,7 +185,7 @@ maps::Status MapUpgrade::move_aside(bpf_object* obj, MapChanges mode) {
     if (left_aside) {
       // The run before this one loaded its object (the pin is the new map) and stopped before it
       // had copied everything from the old one: copy what is missing.
-      if (!same(want, have)) {
+      if (want != have) {
         return Error{EEXIST, "map " + name + ": both " + pin + " and " + aside + " are there and " +
                                  pin + " is " + describe(have) + ", not what this build needs (" +
                                  describe(want) + "); remove the one that is not wanted"};
@@ -199,10 +197,9 @@ maps::Status MapUpgrade::move_aside(bpf_object* obj, MapChanges mode) {
       moved_.push_back(Moved{name, pin, aside, std::move(old), *old_info, true});
       continue;
     }
-    if (same(want, have)) continue;  // reused as it is
+    if (want == have) continue;  // reused as it is
     if (!replace) {
-      return Error{EINVAL, "pinned map " + pin + " is " + describe(have) + "; this build needs " +
-                               describe(want) +
+      return Error{EINVAL, mismatch(pin, have, want) +
                                ": run sockmesh-loader install first, which replaces it"};
     }
     std::string refused;
@@ -213,8 +210,7 @@ maps::Status MapUpgrade::move_aside(bpf_object* obj, MapChanges mode) {
       refused = "its entries cannot be copied into a new map from user space";
     }
     if (!refused.empty()) {
-      return Error{EINVAL, "pinned map " + pin + " is " + describe(have) + "; this build needs " +
-                               describe(want) + ", and " + refused +
+      return Error{EINVAL, mismatch(pin, have, want) + ", and " + refused +
                                ". Remove the old datapath first (sockmesh-loader --pin-root <root> "
                                "uninstall --force: bypassed flows go back to TCP, enrolled pods "
                                "lose capture until the agent enrolls them again), then install"};
@@ -222,8 +218,7 @@ maps::Status MapUpgrade::move_aside(bpf_object* obj, MapChanges mode) {
     if (rename(pin.c_str(), aside.c_str()) != 0) {
       return Error::from_errno(errno, "moving " + pin + " aside to " + aside);
     }
-    SM_INFO("loader") << "map " << name << ": pinned " << describe(have) << ", this build needs "
-                      << describe(want) << "; the old pin moves to " << aside
+    SM_INFO("loader") << mismatch(pin, have, want) << "; the old pin moves to " << aside
                       << " and its entries are copied into the new map";
     moved_.push_back(Moved{name, pin, aside, std::move(fd), *info, false});
   }
@@ -231,7 +226,11 @@ maps::Status MapUpgrade::move_aside(bpf_object* obj, MapChanges mode) {
 }
 
 maps::Status MapUpgrade::finish(bpf_object* obj, std::vector<std::string>* changes) {
-  std::vector<std::string> lines;
+  struct Line {
+    std::string text;
+    bool dropped;  // logged as a warning
+  };
+  std::vector<Line> lines;
   for (auto& m : moved_) {
     bpf_map* map = bpf_object__find_map_by_name(obj, m.name.c_str());
     int to = map ? bpf_map__fd(map) : -1;
@@ -250,7 +249,7 @@ maps::Status MapUpgrade::finish(bpf_object* obj, std::vector<std::string>* chang
     if (count->dropped > 0) {
       line += ", " + std::to_string(count->dropped) + " did not fit and were dropped";
     }
-    lines.push_back(std::move(line));
+    lines.push_back({std::move(line), count->dropped > 0});
   }
   // Every copy is done: only now do the old pins go.
   for (size_t i = 0; i < moved_.size(); ++i) {
@@ -258,12 +257,12 @@ maps::Status MapUpgrade::finish(bpf_object* obj, std::vector<std::string>* chang
       SM_WARN("loader") << "removing the old pin " << moved_[i].aside << ": "
                         << std::strerror(errno) << " (uninstall or the next install removes it)";
     }
-    if (lines[i].find(" dropped") != std::string::npos) {
-      SM_WARN("loader") << lines[i];
+    if (lines[i].dropped) {
+      SM_WARN("loader") << lines[i].text;
     } else {
-      SM_INFO("loader") << lines[i];
+      SM_INFO("loader") << lines[i].text;
     }
-    if (changes) changes->push_back(lines[i]);
+    if (changes) changes->push_back(lines[i].text);
   }
   moved_.clear();
   return {};
@@ -272,7 +271,7 @@ maps::Status MapUpgrade::finish(bpf_object* obj, std::vector<std::string>* chang
 void MapUpgrade::undo() {
   for (auto& m : moved_) {
     if (m.loaded_before) continue;  // its pin is the new map; the aside is for the next run
-    if (exists(m.pin)) unlink(m.pin.c_str());  // what libbpf pinned before it failed, if any
+    if (pin_exists(m.pin)) unlink(m.pin.c_str());  // what libbpf pinned before it failed, if any
     if (rename(m.aside.c_str(), m.pin.c_str()) != 0) {
       SM_ERROR("loader") << "putting " << m.aside << " back as " << m.pin
                          << " failed: " << std::strerror(errno)

@@ -7,7 +7,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -35,17 +34,12 @@ constexpr const char* kMapNames[] = {SM_MAP_WORKLOADS,  SM_MAP_LISTENERS,    SM_
                                      SM_MAP_PROXY_SYNS};
 constexpr const char* kProgramNames[] = {kProgTcEgress, kProgTcIngress, kProgSockops, kProgSkMsg};
 
-bool exists(const std::string& path) {
-  struct stat st {};
-  return lstat(path.c_str(), &st) == 0;
-}
-
 // Pins `prog_fd` at `path` unless an identical program is pinned there already. Replacing goes
 // through a temporary pin and rename(), so the path never disappears.
 Result<bool> pin_program(int prog_fd, const std::string& path) {
   auto fresh = identity_of(prog_fd);
   if (!fresh) return fresh.error();
-  if (exists(path)) {
+  if (pin_exists(path)) {
     UniqueFd pinned(bpf_obj_get(path.c_str()));
     if (pinned) {
       auto old = identity_of(pinned.get());
@@ -83,7 +77,7 @@ Status attach_sockops(const std::string& pin_root, const std::string& cgroup_dir
   if (!prog) return prog.error();
   std::string path = link_pin(pin_root, kLinkSockops);
 
-  if (exists(path)) {
+  if (pin_exists(path)) {
     auto link = open_pin(path, "the sockops link");
     if (!link) return link.error();
     bpf_link_info info{};
@@ -227,7 +221,7 @@ Result<InstallReport> install(const InstallOptions& options) {
   if (auto s = require_cgroup2_dir(cgroup); !s) return s.error();
 
   const std::string& root = options.pin_root;
-  bool fresh = !exists(root + "/" + SM_MAP_WORKLOADS);
+  bool fresh = !pin_exists(root + "/" + SM_MAP_WORKLOADS);
   if (auto s = ensure_bpffs_dir(root); !s) return s.error();
   for (const char* sub : {SM_PIN_PROGS_DIR, SM_PIN_LINKS_DIR}) {
     if (auto s = make_dirs(root + "/" + sub, 0700); !s) return s.error();
@@ -266,7 +260,7 @@ Status uninstall(const std::string& pin_root, bool force) {
   if (auto s = require_capabilities({Capability::kBpf, Capability::kNetAdmin}, "uninstall"); !s) {
     return s;
   }
-  if (!exists(pin_root)) return {};
+  if (!pin_exists(pin_root)) return {};
   if (auto workloads = maps::WorkloadMapReader::open(pin_root)) {
     auto listed = workloads->list();
     if (listed && !listed->empty() && !force) {
@@ -277,7 +271,7 @@ Status uninstall(const std::string& pin_root, bool force) {
   }
 
   std::string link_path = link_pin(pin_root, kLinkSockops);
-  if (exists(link_path)) {
+  if (pin_exists(link_path)) {
     if (UniqueFd link(bpf_obj_get(link_path.c_str())); link) {
       // Detach now, even if something else still holds the link open.
       if (bpf_link_detach(link.get()) != 0 && errno != EINVAL && errno != ENOLINK) {
@@ -332,7 +326,7 @@ Status uninstall(const std::string& pin_root, bool force) {
 Result<NodeStatus> node_status(const std::string& pin_root) {
   NodeStatus out;
   for (const char* m : kMapNames) {
-    if (exists(pin_root + "/" + m)) out.map_names.emplace_back(m);
+    if (pin_exists(pin_root + "/" + m)) out.map_names.emplace_back(m);
   }
   out.installed = !out.map_names.empty();
   for (const char* p : kProgramNames) {
